@@ -1,0 +1,1 @@
+"""memory_store: filled by a later issue (see ../shared/DESIGN.md)."""

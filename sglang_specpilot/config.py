@@ -1,0 +1,69 @@
+"""The engine's options: one dataclass, validated on construction.
+
+Every mechanism SpecPilot adds is an option here whose default reproduces stock behaviour: with all
+defaults and a drafter the engine runs plain chain speculative decoding; with no drafter, AR decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float32": torch.float32, "fp32": torch.float32}
+
+
+@dataclass
+class EngineOptions:
+    """Options of ``Engine``.
+
+    model : GGUF file, safetensors folder, or preset name (with ``synthetic=True``); None = the embedded
+        SmolLM2-135M-Instruct.
+    draft : like ``model``; None = no standalone drafter.
+    draft_layers : when > 0 and ``draft`` is None, draft with the target's first ``draft_layers`` layers
+        and its head (a self-drafter that shares the target's weights).
+    num_speculative_tokens : gamma, draft tokens verified per round.
+    device / dtype : "auto" = CUDA + bfloat16 when available, else CPU + float32.
+    max_seq_len : KV capacity per request (prompt + generated + gamma + 1).
+    max_batch_size : KV rows; batches larger than this are refused.
+    cuda_graphs : capture decode/draft/verify steps on CUDA over ``graph_batch_sizes``.
+    prefill_chunk : prompt tokens per prefill forward (bounds activation memory).
+    """
+
+    model: str | None = None
+    draft: str | None = None
+    draft_layers: int = 0
+    synthetic: bool = False
+    seed: int = 0
+    num_speculative_tokens: int = 4
+    device: str = "auto"
+    dtype: str = "auto"
+    max_seq_len: int = 2048
+    max_batch_size: int = 8
+    cuda_graphs: bool = True
+    graph_batch_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64))
+    prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        if not 1 <= self.num_speculative_tokens <= 32:
+            raise ValueError(f"num_speculative_tokens must be in 1..32, got {self.num_speculative_tokens}")
+        if self.draft_layers < 0:
+            raise ValueError("draft_layers must be >= 0")
+        if self.max_seq_len < 8 or self.max_batch_size < 1 or self.prefill_chunk < 1:
+            raise ValueError("max_seq_len >= 8, max_batch_size >= 1 and prefill_chunk >= 1 are required")
+        self.graph_batch_sizes = tuple(sorted(set(self.graph_batch_sizes)))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft is not None or self.draft_layers > 0

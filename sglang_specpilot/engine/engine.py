@@ -1,0 +1,241 @@
+"""The engine: prefill, then AR steps or chain speculative rounds until every request stops.
+
+Batching: requests of different prompt lengths share one static KV cache, one row each, right-padded;
+nothing is packed. Each row keeps its own length (``seq_len``), rope positions and mask, so padding is
+never attended to. Finished rows stay in the batch but stop advancing until the batch ends.
+
+A speculative round (gamma draft tokens), per request, with ``seq_len`` tokens in the target cache and
+``next_tok`` the last emitted token (not yet in any cache):
+
+    draft   [tok[seq_len-1], next_tok] at positions seq_len-1, seq_len -> d_1; then d_i -> d_{i+1}
+    verify  [next_tok, d_1 .. d_gamma] at seq_len .. seq_len+gamma, causal       -> gamma+1 logits
+    accept  n leading draft tokens + a bonus (spec.py); seq_len += n + 1; next_tok = bonus
+
+Feeding tok[seq_len-1] again re-writes a draft K/V entry the draft may already hold, so the draft never
+needs a catch-up step after a fully accepted round, and every draft step has a fixed shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from ..config import EngineOptions
+from ..models.llama import Transformer
+from .attn_meta import causal_tree
+from .request import GenerationResult, Request, RequestError, StreamEvent
+from .runner import ModelRunner
+from .sampling import BatchSampling, SamplingParams, next_tokens, probs_from_logits, sample_from_probs
+from .spec import chain_accept_greedy, chain_accept_sampling
+
+
+def scratch_slots(options: EngineOptions) -> int:
+    """Cache slots past max_seq_len per row: the widest step (prefill chunk or verify block)."""
+    return max(64, options.prefill_chunk, options.num_speculative_tokens + 1)
+
+
+class Engine:
+    def __init__(self, target: Transformer, tokenizer, options: EngineOptions, draft: Transformer | None = None):
+        self.options = options
+        self.tokenizer = tokenizer
+        self.target = target
+        self.draft = draft
+        self.device = target.embed.weight.device
+        if options.max_seq_len > target.cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len {options.max_seq_len} exceeds the model's context "
+                f"({target.cfg.max_position_embeddings} positions)"
+            )
+        if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
+        self.gamma = options.num_speculative_tokens if draft is not None else 0
+        kw = dict(cuda_graphs=options.cuda_graphs, graph_batch_sizes=options.graph_batch_sizes,
+                  scratch_slots=scratch_slots(options))
+        self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
+        self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
+        eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
+        self.eos = frozenset(eos)
+        dev = self.device
+        self._chain = {n: causal_tree(n, dev) for n in {1, 2, self.gamma + 1}}
+
+    @classmethod
+    def from_options(cls, options: EngineOptions | None = None) -> "Engine":
+        from .loading import load_engine_models
+
+        options = options or EngineOptions()
+        target, draft, tokenizer = load_engine_models(options)
+        return cls(target, tokenizer, options, draft)
+
+    def warmup(self) -> None:
+        """Capture every CUDA graph the engine can use (no-op on CPU)."""
+        if self.draft_runner is None:
+            self.target_runner.capture((1,))
+        else:
+            self.target_runner.capture((self.gamma + 1,))
+            self.draft_runner.capture((1, 2))
+
+    # ---- requests ------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            if chat:
+                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def _make_request(self, index: int, prompt: list[int], params: SamplingParams) -> Request:
+        if len(prompt) == 0:
+            raise RequestError("prompt is empty")
+        vocab = self.target.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise RequestError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
+        need = len(prompt) + params.max_new_tokens + self.gamma + 1
+        if need > self.options.max_seq_len:
+            raise RequestError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} needs {need} positions "
+                f"but the context holds {self.options.max_seq_len} (max_seq_len)"
+            )
+        return Request(index, prompt, params, self.eos)
+
+    # ---- generation ----------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[str | list[int]] | str, params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False,
+    ) -> list[GenerationResult]:
+        """Generate for a batch of prompts (text or token ids); returns one result per prompt."""
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        batch = [prompts] if single else list(prompts)
+        reqs: dict[int, Request] = {}
+        for _ in self.stream(batch, params, chat=chat, _requests=reqs):
+            pass
+        return [reqs[i].result() for i in range(len(batch))]
+
+    def stream(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False, _requests: dict | None = None,
+    ) -> Iterator[StreamEvent]:
+        """Yield ``StreamEvent``s as tokens are produced, for a batch of prompts."""
+        if not prompts:
+            raise RequestError("no prompts given")
+        if len(prompts) > self.options.max_batch_size:
+            raise RequestError(f"batch of {len(prompts)} exceeds max_batch_size {self.options.max_batch_size}")
+        if params is None:
+            params = SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise RequestError("one SamplingParams per prompt is required")
+        reqs = [self._make_request(i, self.encode(p, chat), sp) for i, (p, sp) in enumerate(zip(prompts, plist))]
+        if _requests is not None:
+            _requests.update({r.index: r for r in reqs})
+        yield from self._run(reqs)
+
+    @torch.inference_mode()
+    def _run(self, reqs: list[Request]) -> Iterator[StreamEvent]:
+        dev, B = self.device, len(reqs)
+        bs = BatchSampling.from_params([r.params for r in reqs], dev)
+        width = self.options.max_seq_len + self.target_runner.scratch
+        history = torch.zeros(B, width, dtype=torch.long, device=dev)
+        lens = [len(r.prompt) for r in reqs]
+        for i, r in enumerate(reqs):
+            history[i, : lens[i]] = torch.tensor(r.prompt, device=dev)
+        last = self._prefill(self.target_runner, history, lens)
+        if self.draft_runner is not None:
+            self._prefill(self.draft_runner, history, lens, want_logits=False)
+        next_tok = next_tokens(last, bs)
+        seq_len = torch.tensor(lens, device=dev)
+        decode = self.tokenizer.decode
+        for r, t in zip(reqs, next_tok.tolist()):
+            ev = r.add([t], decode, count_round=False)
+            if ev:
+                yield ev
+        host_len = list(lens)
+        while not all(r.finished for r in reqs):
+            active = torch.tensor([not r.finished for r in reqs], device=dev)
+            if self.draft_runner is None:
+                new, n_acc = self._ar_step(history, seq_len, next_tok, bs, max(host_len))
+                next_tok = new[:, -1]
+            else:
+                new, n_acc = self._spec_round(history, seq_len, next_tok, bs, max(host_len))
+                next_tok = new.gather(1, n_acc[:, None]).squeeze(1)
+            seq_len += (n_acc + 1) * active
+            new_h, n_h = new.tolist(), n_acc.tolist()  # the one host sync of a round
+            for r, ids, n in zip(reqs, new_h, n_h):
+                if not r.finished:
+                    host_len[r.index] += n + 1
+                    ev = r.add(ids[: n + 1], decode, count_round=True)
+                    if ev:
+                        yield ev
+
+    def _ar_step(self, history, seq_len, next_tok, bs, max_len):
+        anc, depth = self._chain[1]
+        history.scatter_(1, seq_len[:, None], next_tok[:, None])
+        logits = self.target_runner.step(next_tok[:, None], seq_len, anc, depth, max_len_hint=max_len)
+        new = next_tokens(logits, bs)  # [B, 1]
+        return new, torch.zeros_like(seq_len)
+
+    def _spec_round(self, history, seq_len, next_tok, bs, max_len):
+        """One chain round; returns (tokens [B, gamma + 1] = accepted drafts then bonus at n, n [B])."""
+        g, dr, tr = self.gamma, self.draft_runner, self.target_runner
+        prev = history.gather(1, (seq_len - 1)[:, None])
+        logits = dr.step(torch.cat([prev, next_tok[:, None]], 1), seq_len - 1, *self._chain[2], max_len_hint=max_len)
+        logits = logits[:, -1]
+        drafts, qs = [], []
+        for i in range(g):
+            if bs.all_greedy:
+                d = logits.argmax(-1)
+            else:
+                q = probs_from_logits(logits, bs)
+                d = sample_from_probs(q, bs.generator)
+                qs.append(q)
+            drafts.append(d)
+            if i < g - 1:
+                logits = dr.step(d[:, None], seq_len + 1 + i, *self._chain[1], max_len_hint=max_len + 1 + i)[:, 0]
+        draft = torch.stack(drafts, 1)
+        block = torch.cat([next_tok[:, None], draft], 1)
+        history.scatter_(1, seq_len[:, None] + torch.arange(g + 1, device=seq_len.device), block)
+        tlogits = tr.step(block, seq_len, *self._chain[g + 1], max_len_hint=max_len)
+        if bs.all_greedy:
+            n, bonus = chain_accept_greedy(draft, tlogits)
+        else:
+            n, bonus = chain_accept_sampling(draft, torch.stack(qs, 1), probs_from_logits(tlogits, bs), bs.generator)
+        out = torch.cat([draft, bonus[:, None]], 1)
+        out.scatter_(1, n[:, None], bonus[:, None])  # row layout: d_1 .. d_n, bonus
+        return out, n
+
+    def _prefill(self, runner: ModelRunner, history: torch.Tensor, lens: list[int], want_logits: bool = True):
+        """Run the prompts through ``runner`` in chunks; return each request's last-position logits [B, V].
+
+        Rows whose prompt ended before a chunk write that chunk into the cache's scratch slots.
+        """
+        dev, B = self.device, len(lens)
+        lens_t = torch.tensor(lens, device=dev)
+        chunk = self.options.prefill_chunk
+        out = None
+        for start in range(0, max(lens), chunk):
+            n = min(chunk, max(lens) - start)
+            seq = torch.where(lens_t > start, torch.full_like(lens_t, start), self.options.max_seq_len)
+            anc, depth = causal_tree(n, dev)
+            rows = (lens_t - 1 - start).clamp(0, n - 1)[:, None] if want_logits else None
+            logits = runner.step(history[:, start : start + n], seq, anc, depth, max_len_hint=start, logit_rows=rows)
+            if want_logits:
+                here = ((lens_t - 1 >= start) & (lens_t - 1 < start + n))[:, None]
+                out = logits[:, 0] if out is None else torch.where(here, logits[:, 0], out)
+        return out
+
+    @torch.inference_mode()
+    def teacher_force_logits(self, prompt_ids: list[int], generated_ids: list[int]) -> torch.Tensor:
+        """Stock target logits [T, V] (float32) where row t predicts generated_ids[t] (token forcing)."""
+        seq = list(prompt_ids) + list(generated_ids)
+        if len(seq) + 1 > self.options.max_seq_len:
+            raise RequestError("sequence longer than max_seq_len")
+        dev, L, T = self.device, len(prompt_ids), len(generated_ids)
+        toks = torch.tensor([seq], device=dev)
+        rows = []
+        for start in range(0, len(seq) - 1, self.options.prefill_chunk):
+            n = min(self.options.prefill_chunk, len(seq) - 1 - start)
+            anc, depth = causal_tree(n, dev)
+            seq_len = torch.tensor([start], device=dev)
+            rows.append(self.target_runner.step(toks[:, start : start + n], seq_len, anc, depth,
+                                                max_len_hint=start, logit_rows=torch.arange(n, device=dev)[None])[0])
+        return torch.cat(rows)[L - 1 : L - 1 + T].float()

@@ -1,0 +1,38 @@
+"""Static KV cache: one [max_batch, max_seq, kv_heads, head_dim] tensor pair per layer."""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.config import ModelConfig
+
+
+class KVCache:
+    def __init__(self, cfg: ModelConfig, max_batch: int, max_seq: int, device, dtype):
+        shape = (max_batch, max_seq, cfg.num_kv_heads, cfg.head_dim)
+        self.max_batch, self.max_seq = max_batch, max_seq
+        self.layers = [
+            (torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            for _ in range(cfg.num_layers)
+        ]
+
+    def nbytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.layers)
+
+    @torch.no_grad()
+    def commit(self, seq_len: torch.Tensor, path: torch.Tensor) -> None:
+        """Keep the accepted nodes of the last verified block, packed after the prefix.
+
+        seq_len : [B] prefix length before the block; path : [B, A] node indices of the accepted path in
+        order (a topological tree order guarantees path[t] >= t). Node path[t]'s K/V moves from slot
+        ``seq_len + path[t]`` to ``seq_len + t``. Entries past the accepted length may hold anything:
+        they lie beyond the new sequence end and are never read. For a chain (path[t] = t) nothing moves.
+        """
+        B, A = path.shape
+        b = torch.arange(B, device=path.device)[:, None]
+        src = seq_len[:, None] + path
+        dst = seq_len[:, None] + torch.arange(A, device=path.device)
+        for k, v in self.layers:
+            ks, vs = k[b, src], v[b, src]  # gather everything first: sources and targets can overlap
+            k[b, dst] = ks
+            v[b, dst] = vs

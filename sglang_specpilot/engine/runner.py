@@ -1,0 +1,122 @@
+"""Runs one model over its static KV cache: eager on any device, CUDA-graph replays on GPU.
+
+A step is (tokens [B, N], seq_len [B], anc [N, N], depth [N]) -> logits [B, N, V]; see attn_meta.py.
+On CUDA, each (batch size, N) pair is captured once, lazily or up front by ``capture``, with the batch
+padded up to the next size of the ladder. Padding rows use seq_len 0 and write to cache rows no request
+owns, so they cannot disturb real requests. All graphs share one memory pool.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.llama import Transformer
+from .attn_meta import build_step_meta
+from .kv_cache import KVCache
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+class _Graph:
+    def __init__(self, runner: "ModelRunner", batch: int, n: int, pool):
+        dev = runner.device
+        self.tokens = torch.zeros(batch, n, dtype=torch.long, device=dev)
+        self.seq_len = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        self.depth = torch.arange(n, device=dev)
+        # Warm up outside capture (allocator, cuBLAS handles, lazy inits). The warm-up really runs, so
+        # it writes its K/V into the cache's scratch slots past max_seq, never into a request's slots.
+        self.seq_len.fill_(runner.max_seq)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                runner._forward(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.seq_len.zero_()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = runner._forward(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
+
+    def __call__(self, tokens, seq_len, anc, depth) -> torch.Tensor:
+        B = tokens.shape[0]
+        self.tokens[:B].copy_(tokens)
+        self.seq_len[:B].copy_(seq_len)
+        self.seq_len[B:].zero_()
+        self.anc.copy_(anc)
+        self.depth.copy_(depth)
+        self.graph.replay()
+        return self.logits[:B]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Transformer,
+        max_batch: int,
+        max_seq: int,
+        *,
+        cuda_graphs: bool = True,
+        graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+        scratch_slots: int = 64,
+    ):
+        self.model = model
+        self.device = model.embed.weight.device
+        self.dtype = model.embed.weight.dtype
+        self.max_batch, self.max_seq = max_batch, max_seq
+        self.group = model.cfg.num_heads // model.cfg.num_kv_heads
+        # Extra slots per row past max_seq take writes that belong to no request: graph warm-ups (see
+        # _Graph) and prefill chunks of rows whose prompt already ended. Must cover the widest step.
+        self.scratch = scratch_slots
+        self.kv = KVCache(model.cfg, max_batch, max_seq + scratch_slots, self.device, self.dtype)
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        ladder = sorted({b for b in graph_batch_sizes if b < max_batch} | {max_batch})
+        self.ladder = tuple(ladder)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+
+    @torch.inference_mode()
+    def _forward(self, tokens, seq_len, anc, depth, kv_len, logit_rows=None) -> torch.Tensor:
+        meta = build_step_meta(seq_len, anc, depth, kv_len, self.group)
+        return self.model(tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows)
+
+    def capture(self, widths: tuple[int, ...]) -> None:
+        """Capture every (ladder batch size, N) graph now instead of on first use."""
+        if self.use_graphs:
+            for n in widths:
+                for b in self.ladder:
+                    self._graph(b, n)
+
+    def _graph(self, batch: int, n: int) -> _Graph:
+        key = (batch, n)
+        if n > self.scratch:
+            raise ValueError(f"step width {n} exceeds the {self.scratch} scratch slots graphs warm up in")
+        if key not in self._graphs:
+            self._graphs[key] = _Graph(self, batch, n, self._pool)
+        return self._graphs[key]
+
+    @torch.inference_mode()
+    def step(
+        self,
+        tokens: torch.Tensor,
+        seq_len: torch.Tensor,
+        anc: torch.Tensor,
+        depth: torch.Tensor,
+        *,
+        max_len_hint: int | None = None,
+        logit_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Write the new tokens' K/V and return their logits [B, N, V] (or [B, R, V] with logit_rows).
+
+        ``max_len_hint`` (host int >= max(seq_len)) lets eager runs attend over fewer cache slots.
+        """
+        B, N = tokens.shape
+        if self.use_graphs and logit_rows is None and anc.dim() == 2:
+            bucket = next(b for b in self.ladder if b >= B)
+            return self._graph(bucket, N)(tokens, seq_len, anc, depth)
+        kv_len = self.max_seq
+        if max_len_hint is not None:
+            kv_len = min(self.max_seq, _round_up(max_len_hint + N, 64))
+        return self._forward(tokens, seq_len, anc, depth, kv_len, logit_rows)

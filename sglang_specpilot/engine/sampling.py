@@ -1,0 +1,101 @@
+"""Turning logits into tokens: greedy, temperature, top-k, top-p; sampled without host syncs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding parameters (OpenAI / vLLM names). ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class BatchSampling:
+    """Sampling parameters of a batch as device tensors [B] (built once per batch, on the host)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    all_greedy: bool
+    needs_filter: bool
+    generator: torch.Generator | None
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], device) -> "BatchSampling":
+        seed = next((p.seed for p in params if p.seed is not None), None)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed if seed is not None else torch.seed())
+        return cls(
+            temperature=torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32),
+            top_k=torch.tensor([p.top_k for p in params], device=device, dtype=torch.int64),
+            top_p=torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32),
+            all_greedy=all(p.greedy for p in params),
+            needs_filter=any(p.top_k > 0 or p.top_p < 1 for p in params),
+            generator=gen,
+        )
+
+
+def probs_from_logits(logits: torch.Tensor, bs: BatchSampling) -> torch.Tensor:
+    """logits [B, ..., V] -> probabilities [B, ..., V] in float32 after temperature, top-k and top-p.
+
+    Greedy rows (temperature 0) become one-hot at the argmax, so the speculative sampling rule applied to
+    them reduces exactly to greedy acceptance.
+    """
+    B, V = logits.shape[0], logits.shape[-1]
+    view = (B,) + (1,) * (logits.dim() - 1)
+    x = logits.float()
+    greedy = (bs.temperature == 0).view(view)
+    x = x / torch.where(greedy, torch.ones_like(bs.temperature.view(view)), bs.temperature.view(view))
+    if bs.needs_filter:
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        rank = torch.arange(V, device=x.device)
+        k = torch.where(bs.top_k > 0, bs.top_k, V).view(view)
+        drop = rank >= k
+        p = sorted_x.softmax(-1)
+        drop |= (p.cumsum(-1) - p) > bs.top_p.view(view)  # keep the smallest prefix whose mass reaches top_p
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.empty_like(x).scatter_(-1, order, sorted_x)
+    probs = x.softmax(-1)
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, probs)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row [..., V] -> [...]: argmax of p / E with E ~ Exp(1) (no host sync)."""
+    e = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / e).argmax(-1)
+
+
+def next_tokens(logits: torch.Tensor, bs: BatchSampling) -> torch.Tensor:
+    if bs.all_greedy:
+        return logits.argmax(-1)
+    return sample_from_probs(probs_from_logits(logits, bs), bs.generator)

@@ -1,0 +1,232 @@
+"""Llama-family decoder (Llama 3.x, Qwen2/2.5, Qwen3, SmolLM2) in plain PyTorch.
+
+One forward serves prefill, decode and tree verification: the caller passes the new tokens, where
+their KV goes in the static cache (``slots``), their rope positions, and a boolean attention mask over
+the whole cache (see ``engine/attn_meta.py``). The forward has no host syncs and fixed shapes, so it
+can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .rope import apply_rope, rope_table
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as Hugging Face: normalize in float32, cast back, then scale.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.wo = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask) -> torch.Tensor:
+        cfg = self.cfg
+        B, N, _ = x.shape
+        q, k, v = self.wqkv(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(B, N, cfg.num_heads, cfg.head_dim)
+        k = k.view(B, N, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(B, N, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache[batch_idx, slots] = k
+        v_cache[batch_idx, slots] = v
+        # Grouped-query attention without copying the cache: fold the G query heads that share a KV
+        # head into the query axis (row n * G + g), so SDPA sees Hkv heads of N * G queries each.
+        G = cfg.num_heads // cfg.num_kv_heads
+        kv_len = mask.shape[-1]
+        qf = q.view(B, N, cfg.num_kv_heads, G, cfg.head_dim).transpose(1, 2).reshape(B, cfg.num_kv_heads, N * G, -1)
+        kf = k_cache[:B, :kv_len].transpose(1, 2)
+        vf = v_cache[:B, :kv_len].transpose(1, 2)
+        o = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask)
+        o = o.view(B, cfg.num_kv_heads, N, G, cfg.head_dim).transpose(1, 2).reshape(B, N, cfg.q_size)
+        return self.wo(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(silu_mul(self.w13(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Transformer(nn.Module):
+    """Decoder with fused qkv and gate/up projections; weights come in with Hugging Face names."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        n_pos = max_positions or cfg.max_position_embeddings
+        table = rope_table(n_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.register_buffer("rope", table, persistent=False)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        logit_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run N new tokens per request through the decoder and return their logits.
+
+        Parameters
+        ----------
+        tokens : [B, N] int64
+        positions : [B, N] int64, rope positions (prefix length + depth for tree nodes)
+        slots : [B, N] int64, cache slots the new tokens' K/V are written to
+        mask : [B, 1, N * G, S] bool, True where a query row may attend to a cache slot
+            (G = num_heads // num_kv_heads; row n * G + g belongs to token n)
+        kv : per layer (k_cache, v_cache), each [B_max, S_max, num_kv_heads, head_dim]
+        logit_rows : optional [B, R] int64; only those rows of each request get logits
+
+        Returns
+        -------
+        logits : [B, N, vocab] (or [B, R, vocab]) in the model dtype
+        """
+        B = tokens.shape[0]
+        x = self.embed(tokens)
+        cs = self.rope[positions].to(x.dtype)  # [B, N, 2, D]
+        cos, sin = cs[:, :, 0, None], cs[:, :, 1, None]
+        batch_idx = torch.arange(B, device=tokens.device)[:, None]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv):
+            x = layer(x, cos, sin, k_cache, v_cache, batch_idx, slots, mask)
+        if logit_rows is not None:
+            x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
+        return self.lm_head(self.norm(x))
+
+    # ---- weights -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up. Missing or extra names raise."""
+        cfg = self.cfg
+        used: set[str] = set()
+
+        def take(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise KeyError(f"checkpoint has no tensor {name!r}")
+            used.add(name)
+            return sd[name]
+
+        def put(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
+            if tuple(param.shape) != tuple(value.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(value.shape)} != model shape {tuple(param.shape)}")
+            param.copy_(value)
+
+        put(self.embed.weight, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            qkv = torch.cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")])
+            put(layer.attn.wqkv.weight, qkv, a + "qkv_proj.weight")
+            if cfg.attention_bias:
+                b = torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")])
+                put(layer.attn.wqkv.bias, b, a + "qkv_proj.bias")
+            put(layer.attn.wo.weight, take(a + "o_proj.weight"), a + "o_proj.weight")
+            if cfg.qk_norm:
+                put(layer.attn.q_norm.weight, take(a + "q_norm.weight"), a + "q_norm.weight")
+                put(layer.attn.k_norm.weight, take(a + "k_norm.weight"), a + "k_norm.weight")
+            m = p + "mlp."
+            gu = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+            put(layer.mlp.w13.weight, gu, m + "gate_up_proj.weight")
+            put(layer.mlp.w2.weight, take(m + "down_proj.weight"), m + "down_proj.weight")
+            put(layer.attn_norm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm.weight")
+            put(layer.mlp_norm.weight, take(p + "post_attention_layernorm.weight"), p + "post_attention_layernorm.weight")
+        put(self.norm.weight, take("model.norm.weight"), "model.norm.weight")
+        if not cfg.tie_word_embeddings:
+            put(self.lm_head.weight, take("lm_head.weight"), "lm_head.weight")
+        extra = set(sd) - used - {"lm_head.weight"}
+        extra = {n for n in extra if "rotary_emb" not in n}
+        if extra:
+            raise KeyError(f"checkpoint has tensors the model does not use: {sorted(extra)[:5]}")
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The inverse of ``load_hf_state_dict`` (unfused Hugging Face names)."""
+        cfg = self.cfg
+        sd = {"model.embed_tokens.weight": self.embed.weight, "model.norm.weight": self.norm.weight}
+        if not cfg.tie_word_embeddings:
+            sd["lm_head.weight"] = self.lm_head.weight
+        for i, layer in enumerate(self.layers):
+            p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            q, k, v = layer.attn.wqkv.weight.split([cfg.q_size, cfg.kv_size, cfg.kv_size])
+            sd |= {a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v}
+            if cfg.attention_bias:
+                qb, kb, vb = layer.attn.wqkv.bias.split([cfg.q_size, cfg.kv_size, cfg.kv_size])
+                sd |= {a + "q_proj.bias": qb, a + "k_proj.bias": kb, a + "v_proj.bias": vb}
+            if cfg.qk_norm:
+                sd |= {a + "q_norm.weight": layer.attn.q_norm.weight, a + "k_norm.weight": layer.attn.k_norm.weight}
+            g, u = layer.mlp.w13.weight.chunk(2)
+            sd |= {a + "o_proj.weight": layer.attn.wo.weight, m + "gate_proj.weight": g, m + "up_proj.weight": u}
+            sd[m + "down_proj.weight"] = layer.mlp.w2.weight
+            sd[p + "input_layernorm.weight"] = layer.attn_norm.weight
+            sd[p + "post_attention_layernorm.weight"] = layer.mlp_norm.weight
+        return {n: t.detach().contiguous() for n, t in sd.items()}
+
+    def truncated(self, num_layers: int) -> "Transformer":
+        """A drafter made of this model's first ``num_layers`` layers, sharing every tensor (no copy)."""
+        if not 1 <= num_layers <= self.num_layers:
+            raise ValueError(f"draft layers must be in 1..{self.num_layers}, got {num_layers}")
+        cfg = ModelConfig(**{**self.cfg.to_dict(), "num_layers": num_layers, "name": f"{self.cfg.name}[:{num_layers}]"})
+        draft = Transformer.__new__(Transformer)
+        nn.Module.__init__(draft)
+        draft.cfg = cfg
+        draft.embed, draft.norm, draft.lm_head = self.embed, self.norm, self.lm_head
+        draft.layers = nn.ModuleList(self.layers[:num_layers])
+        draft.register_buffer("rope", self.rope, persistent=False)
+        return draft

@@ -1,0 +1,1 @@
+"""tlv: filled by a later issue (see ../shared/DESIGN.md)."""

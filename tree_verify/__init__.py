@@ -1,0 +1,1 @@
+"""tree_verify: filled by a later issue (see ../shared/DESIGN.md)."""

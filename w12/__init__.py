@@ -1,0 +1,1 @@
+"""w12: filled by a later issue (see ../shared/DESIGN.md)."""
