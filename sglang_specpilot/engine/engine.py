@@ -17,7 +17,6 @@ needs a catch-up step after a fully accepted round, and every draft step has a f
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import torch
@@ -51,8 +50,11 @@ class Engine:
         if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
         self.gamma = options.num_speculative_tokens if draft is not None else 0
-        kw = dict(cuda_graphs=options.cuda_graphs, graph_batch_sizes=options.graph_batch_sizes,
-                  scratch_slots=scratch_slots(options))
+        kw = dict(
+            cuda_graphs=options.cuda_graphs,
+            graph_batch_sizes=options.graph_batch_sizes,
+            scratch_slots=scratch_slots(options),
+        )
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
@@ -61,7 +63,7 @@ class Engine:
         self._chain = {n: causal_tree(n, dev) for n in {1, 2, self.gamma + 1}}
 
     @classmethod
-    def from_options(cls, options: EngineOptions | None = None) -> "Engine":
+    def from_options(cls, options: EngineOptions | None = None) -> Engine:
         from .loading import load_engine_models
 
         options = options or EngineOptions()
@@ -100,22 +102,27 @@ class Engine:
 
     # ---- generation ----------------------------------------------------------------------------
     def generate(
-        self, prompts: list[str | list[int]] | str, params: SamplingParams | list[SamplingParams] | None = None,
+        self,
+        prompts: list[str | list[int]] | str,
+        params: SamplingParams | list[SamplingParams] | None = None,
         chat: bool = False,
     ) -> list[GenerationResult]:
         """Generate for a batch of prompts (text or token ids); returns one result per prompt."""
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         batch = [prompts] if single else list(prompts)
-        reqs: dict[int, Request] = {}
-        for _ in self.stream(batch, params, chat=chat, _requests=reqs):
-            pass
-        return [reqs[i].result() for i in range(len(batch))]
+        results: dict[int, GenerationResult] = {}
+        for ev in self.stream(batch, params, chat=chat):
+            if ev.result is not None:
+                results[ev.index] = ev.result
+        return [results[i] for i in range(len(batch))]
 
     def stream(
-        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-        chat: bool = False, _requests: dict | None = None,
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False,
     ) -> Iterator[StreamEvent]:
-        """Yield ``StreamEvent``s as tokens are produced, for a batch of prompts."""
+        """Yield ``StreamEvent``s as tokens are produced; each request's last event carries its result."""
         if not prompts:
             raise RequestError("no prompts given")
         if len(prompts) > self.options.max_batch_size:
@@ -125,9 +132,10 @@ class Engine:
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise RequestError("one SamplingParams per prompt is required")
-        reqs = [self._make_request(i, self.encode(p, chat), sp) for i, (p, sp) in enumerate(zip(prompts, plist))]
-        if _requests is not None:
-            _requests.update({r.index: r for r in reqs})
+        reqs = [
+            self._make_request(i, self.encode(p, chat), sp)
+            for i, (p, sp) in enumerate(zip(prompts, plist, strict=False))
+        ]
         yield from self._run(reqs)
 
     @torch.inference_mode()
@@ -145,7 +153,7 @@ class Engine:
         next_tok = next_tokens(last, bs)
         seq_len = torch.tensor(lens, device=dev)
         decode = self.tokenizer.decode
-        for r, t in zip(reqs, next_tok.tolist()):
+        for r, t in zip(reqs, next_tok.tolist(), strict=False):
             ev = r.add([t], decode, count_round=False)
             if ev:
                 yield ev
@@ -160,7 +168,7 @@ class Engine:
                 next_tok = new.gather(1, n_acc[:, None]).squeeze(1)
             seq_len += (n_acc + 1) * active
             new_h, n_h = new.tolist(), n_acc.tolist()  # the one host sync of a round
-            for r, ids, n in zip(reqs, new_h, n_h):
+            for r, ids, n in zip(reqs, new_h, n_h, strict=False):
                 if not r.finished:
                     host_len[r.index] += n + 1
                     ev = r.add(ids[: n + 1], decode, count_round=True)
@@ -176,10 +184,15 @@ class Engine:
 
     def _spec_round(self, history, seq_len, next_tok, bs, max_len):
         """One chain round; returns (tokens [B, gamma + 1] = accepted drafts then bonus at n, n [B])."""
-        g, dr, tr = self.gamma, self.draft_runner, self.target_runner
+        draft, qs = self._draft(history, seq_len, next_tok, bs, max_len)
+        return self._verify(history, seq_len, next_tok, draft, qs, bs, max_len)
+
+    def _draft(self, history, seq_len, next_tok, bs, max_len):
+        """gamma draft tokens [B, gamma] (and their proposal distributions when sampling)."""
+        g, dr = self.gamma, self.draft_runner
         prev = history.gather(1, (seq_len - 1)[:, None])
-        logits = dr.step(torch.cat([prev, next_tok[:, None]], 1), seq_len - 1, *self._chain[2], max_len_hint=max_len)
-        logits = logits[:, -1]
+        block = torch.cat([prev, next_tok[:, None]], 1)
+        logits = dr.step(block, seq_len - 1, *self._chain[2], max_len_hint=max_len)[:, -1]
         drafts, qs = [], []
         for i in range(g):
             if bs.all_greedy:
@@ -191,14 +204,18 @@ class Engine:
             drafts.append(d)
             if i < g - 1:
                 logits = dr.step(d[:, None], seq_len + 1 + i, *self._chain[1], max_len_hint=max_len + 1 + i)[:, 0]
-        draft = torch.stack(drafts, 1)
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+
+    def _verify(self, history, seq_len, next_tok, draft, qs, bs, max_len):
+        """Target pass over [next_tok, drafts] and the acceptance rule; see ``_spec_round``."""
+        g = self.gamma
         block = torch.cat([next_tok[:, None], draft], 1)
         history.scatter_(1, seq_len[:, None] + torch.arange(g + 1, device=seq_len.device), block)
-        tlogits = tr.step(block, seq_len, *self._chain[g + 1], max_len_hint=max_len)
+        tlogits = self.target_runner.step(block, seq_len, *self._chain[g + 1], max_len_hint=max_len)
         if bs.all_greedy:
             n, bonus = chain_accept_greedy(draft, tlogits)
         else:
-            n, bonus = chain_accept_sampling(draft, torch.stack(qs, 1), probs_from_logits(tlogits, bs), bs.generator)
+            n, bonus = chain_accept_sampling(draft, qs, probs_from_logits(tlogits, bs), bs.generator)
         out = torch.cat([draft, bonus[:, None]], 1)
         out.scatter_(1, n[:, None], bonus[:, None])  # row layout: d_1 .. d_n, bonus
         return out, n
@@ -208,7 +225,7 @@ class Engine:
 
         Rows whose prompt ended before a chunk write that chunk into the cache's scratch slots.
         """
-        dev, B = self.device, len(lens)
+        dev, _B = self.device, len(lens)
         lens_t = torch.tensor(lens, device=dev)
         chunk = self.options.prefill_chunk
         out = None
@@ -236,6 +253,14 @@ class Engine:
             n = min(self.options.prefill_chunk, len(seq) - 1 - start)
             anc, depth = causal_tree(n, dev)
             seq_len = torch.tensor([start], device=dev)
-            rows.append(self.target_runner.step(toks[:, start : start + n], seq_len, anc, depth,
-                                                max_len_hint=start, logit_rows=torch.arange(n, device=dev)[None])[0])
+            rows.append(
+                self.target_runner.step(
+                    toks[:, start : start + n],
+                    seq_len,
+                    anc,
+                    depth,
+                    max_len_hint=start,
+                    logit_rows=torch.arange(n, device=dev)[None],
+                )[0]
+            )
         return torch.cat(rows)[L - 1 : L - 1 + T].float()

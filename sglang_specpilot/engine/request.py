@@ -13,15 +13,6 @@ class RequestError(ValueError):
 
 
 @dataclass
-class StreamEvent:
-    index: int  # position of the request in the batch
-    token_ids: list[int]  # tokens new since the last event
-    text: str  # text new since the last event
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
-
-
-@dataclass
 class GenerationResult:
     text: str
     token_ids: list[int]
@@ -31,6 +22,16 @@ class GenerationResult:
     mean_accepted: float  # tokens per round: accepted draft tokens + the bonus token (1.0 for AR)
     time_s: float
     tokens_per_s: float
+
+
+@dataclass
+class StreamEvent:
+    index: int  # position of the request in the batch
+    token_ids: list[int]  # tokens new since the last event
+    text: str  # text new since the last event
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    result: GenerationResult | None = None  # set on the request's last event
 
 
 @dataclass
@@ -84,7 +85,8 @@ class Request:
         self.text += delta
         if not added and not delta and not self.finished:
             return None
-        return StreamEvent(self.index, added, delta, self.finished, self.finish_reason)
+        result = self.result() if self.finished else None
+        return StreamEvent(self.index, added, delta, self.finished, self.finish_reason, result)
 
     def _finish(self, reason: str) -> None:
         if not self.finished:

@@ -20,7 +20,7 @@ def _round_up(x: int, m: int) -> int:
 
 
 class _Graph:
-    def __init__(self, runner: "ModelRunner", batch: int, n: int, pool):
+    def __init__(self, runner: ModelRunner, batch: int, n: int, pool):
         dev = runner.device
         self.tokens = torch.zeros(batch, n, dtype=torch.long, device=dev)
         self.seq_len = torch.zeros(batch, dtype=torch.long, device=dev)

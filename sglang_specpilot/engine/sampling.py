@@ -50,7 +50,7 @@ class BatchSampling:
     generator: torch.Generator | None
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], device) -> "BatchSampling":
+    def from_params(cls, params: list[SamplingParams], device) -> BatchSampling:
         seed = next((p.seed for p in params if p.seed is not None), None)
         gen = torch.Generator(device=device)
         gen.manual_seed(seed if seed is not None else torch.seed())

@@ -68,7 +68,7 @@ class ModelConfig:
         return self.num_layers * layer + emb + h
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "ModelConfig":
+    def from_hf(cls, cfg: dict) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` dict (LlamaForCausalLM, Qwen2/Qwen3ForCausalLM)."""
         mt = cfg.get("model_type", "llama")
         arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(mt)

@@ -145,7 +145,7 @@ class Transformer(nn.Module):
         cs = self.rope[positions].to(x.dtype)  # [B, N, 2, D]
         cos, sin = cs[:, :, 0, None], cs[:, :, 1, None]
         batch_idx = torch.arange(B, device=tokens.device)[:, None]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv):
+        for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=False):
             x = layer(x, cos, sin, k_cache, v_cache, batch_idx, slots, mask)
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
@@ -187,7 +187,11 @@ class Transformer(nn.Module):
             put(layer.mlp.w13.weight, gu, m + "gate_up_proj.weight")
             put(layer.mlp.w2.weight, take(m + "down_proj.weight"), m + "down_proj.weight")
             put(layer.attn_norm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm.weight")
-            put(layer.mlp_norm.weight, take(p + "post_attention_layernorm.weight"), p + "post_attention_layernorm.weight")
+            put(
+                layer.mlp_norm.weight,
+                take(p + "post_attention_layernorm.weight"),
+                p + "post_attention_layernorm.weight",
+            )
         put(self.norm.weight, take("model.norm.weight"), "model.norm.weight")
         if not cfg.tie_word_embeddings:
             put(self.lm_head.weight, take("lm_head.weight"), "lm_head.weight")
@@ -218,7 +222,7 @@ class Transformer(nn.Module):
             sd[p + "post_attention_layernorm.weight"] = layer.mlp_norm.weight
         return {n: t.detach().contiguous() for n, t in sd.items()}
 
-    def truncated(self, num_layers: int) -> "Transformer":
+    def truncated(self, num_layers: int) -> Transformer:
         """A drafter made of this model's first ``num_layers`` layers, sharing every tensor (no copy)."""
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(f"draft layers must be in 1..{self.num_layers}, got {num_layers}")

@@ -1,0 +1,41 @@
+"""Small synthetic models and a stand-in tokenizer for engine tests."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.engine import Engine
+from sglang_specpilot.models.build import build_model
+from sglang_specpilot.models.config import ModelConfig
+from sglang_specpilot.models.presets import preset_config
+
+
+class WordTokenizer:
+    """Token i decodes to "w{i} "; enough for stop-string and streaming tests."""
+
+    eos_token_ids: list[int] = []
+    fingerprint = "words"
+
+    def decode(self, ids):
+        return "".join(f"w{i} " for i in ids)
+
+    def encode(self, text):
+        return [int(w[1:]) for w in text.split()]
+
+
+# std 0.15 spreads the logits of these small random models, so greedy argmaxes are rarely near-ties.
+def tiny_model(name: str = "tiny-llama", seed: int = 0, std: float = 0.15, dtype=torch.float32, **overrides):
+    cfg = preset_config(name) if not overrides else ModelConfig(**{**preset_config(name).to_dict(), **overrides})
+    return build_model(cfg, synthetic_seed=seed, synthetic_std=std, dtype=dtype, max_positions=1024)
+
+
+def engine(target, draft=None, gamma: int = 4, max_batch: int = 8, max_seq: int = 256) -> Engine:
+    opts = EngineOptions(max_seq_len=max_seq, max_batch_size=max_batch, num_speculative_tokens=gamma,
+                         draft_layers=0, device="cpu", dtype="float32")
+    return Engine(target, WordTokenizer(), opts, draft)
+
+
+def prompts(lengths, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
