@@ -35,6 +35,7 @@ class EngineOptions:
     max_batch_size : KV rows; batches larger than this are refused.
     cuda_graphs : capture decode/draft/verify steps on CUDA over ``graph_batch_sizes``.
     prefill_chunk : prompt tokens per prefill forward (bounds activation memory).
+    compile : torch.compile the CUDA-graph-captured steps (fuses small ops; costs start-up time).
     """
 
     model: str | None = None
@@ -50,6 +51,7 @@ class EngineOptions:
     cuda_graphs: bool = True
     graph_batch_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64))
     prefill_chunk: int = 512
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.device == "auto":

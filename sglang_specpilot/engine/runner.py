@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.llama import Transformer
+from ..models.llama import Transformer, run_block
 from .attn_meta import build_step_meta
 from .kv_cache import KVCache
 
@@ -33,12 +33,12 @@ class _Graph:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                runner._forward(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
+                runner._graph_fn(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
         torch.cuda.current_stream().wait_stream(stream)
         self.seq_len.zero_()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = runner._forward(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
+            self.logits = runner._graph_fn(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
 
     def __call__(self, tokens, seq_len, anc, depth) -> torch.Tensor:
         B = tokens.shape[0]
@@ -61,6 +61,7 @@ class ModelRunner:
         cuda_graphs: bool = True,
         graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
         scratch_slots: int = 64,
+        compile: bool = False,
     ):
         self.model = model
         self.device = model.embed.weight.device
@@ -75,13 +76,25 @@ class ModelRunner:
         ladder = sorted({b for b in graph_batch_sizes if b < max_batch} | {max_batch})
         self.ladder = tuple(ladder)
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        # torch.compile fuses each block's norms, rope and SwiGLU into a few kernels; only graph-captured
+        # (fixed-shape) steps use it, so eager prefill never triggers a recompile. One compiled block
+        # serves all layers; each (batch, width, model shape) adds a cache entry, hence the larger limit.
+        self._layer_fn = None
+        if compile:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            torch._dynamo.config.accumulated_cache_size_limit = max(
+                torch._dynamo.config.accumulated_cache_size_limit, 512)
+            self._layer_fn = torch.compile(run_block, fullgraph=True, dynamic=False)
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    @torch.inference_mode()
-    def _forward(self, tokens, seq_len, anc, depth, kv_len, logit_rows=None) -> torch.Tensor:
+    def _forward(self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None) -> torch.Tensor:
         meta = build_step_meta(seq_len, anc, depth, kv_len, self.group)
-        return self.model(tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows)
+        return self.model(tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn)
 
+    def _graph_fn(self, tokens, seq_len, anc, depth, kv_len) -> torch.Tensor:
+        return self._forward(tokens, seq_len, anc, depth, kv_len, layer_fn=self._layer_fn)
+
+    @torch.inference_mode()
     def capture(self, widths: tuple[int, ...]) -> None:
         """Capture every (ladder batch size, N) graph now instead of on first use."""
         if self.use_graphs:

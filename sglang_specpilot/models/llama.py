@@ -95,6 +95,12 @@ class Block(nn.Module):
         return h + self.mlp(self.mlp_norm(h))
 
 
+def run_block(layer: Block, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask) -> torch.Tensor:
+    # A free function of the layer, so one torch.compile of it serves every layer of every model with
+    # the same shapes (parameters become graph inputs) instead of compiling the unrolled model.
+    return layer(x, cos, sin, k_cache, v_cache, batch_idx, slots, mask)
+
+
 class Transformer(nn.Module):
     """Decoder with fused qkv and gate/up projections; weights come in with Hugging Face names."""
 
@@ -123,6 +129,7 @@ class Transformer(nn.Module):
         mask: torch.Tensor,
         kv: list[tuple[torch.Tensor, torch.Tensor]],
         logit_rows: torch.Tensor | None = None,
+        layer_fn=None,
     ) -> torch.Tensor:
         """Run N new tokens per request through the decoder and return their logits.
 
@@ -135,6 +142,7 @@ class Transformer(nn.Module):
             (G = num_heads // num_kv_heads; row n * G + g belongs to token n)
         kv : per layer (k_cache, v_cache), each [B_max, S_max, num_kv_heads, head_dim]
         logit_rows : optional [B, R] int64; only those rows of each request get logits
+        layer_fn : optional ``fn(layer, x, ...)`` that runs one block, e.g. a compiled ``run_block``
 
         Returns
         -------

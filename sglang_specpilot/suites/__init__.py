@@ -1,0 +1,1 @@
+"""Benchmark suites run by ``specpilot bench SUITE`` (registered with harness.bench)."""

