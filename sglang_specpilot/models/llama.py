@@ -153,8 +153,9 @@ class Transformer(nn.Module):
         cs = self.rope[positions].to(x.dtype)  # [B, N, 2, D]
         cos, sin = cs[:, :, 0, None], cs[:, :, 1, None]
         batch_idx = torch.arange(B, device=tokens.device)[:, None]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=False):
-            x = layer(x, cos, sin, k_cache, v_cache, batch_idx, slots, mask)
+        run = layer_fn or run_block
+        for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=True):
+            x = run(layer, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask)
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.norm(x))
