@@ -6,7 +6,7 @@ defaults and a drafter the engine runs plain chain speculative decoding; with no
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -20,6 +20,9 @@ DTYPES = {
 }
 
 
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
 @dataclass
 class EngineOptions:
     """Options of ``Engine``.
@@ -31,7 +34,8 @@ class EngineOptions:
         and its head (a self-drafter that shares the target's weights).
     num_speculative_tokens : gamma, draft tokens verified per round.
     device / dtype : "auto" = CUDA + bfloat16 when available, else CPU + float32.
-    max_seq_len : KV capacity per request (prompt + generated + gamma + 1).
+    max_seq_len : KV capacity per request (prompt + generated + gamma + 1); None = the model's context,
+        capped at ``DEFAULT_MAX_SEQ_LEN`` (resolved when the engine is built).
     max_batch_size : KV rows; batches larger than this are refused.
     cuda_graphs : capture decode/draft/verify steps on CUDA over ``graph_batch_sizes``.
     prefill_chunk : prompt tokens per prefill forward (bounds activation memory).
@@ -46,7 +50,7 @@ class EngineOptions:
     num_speculative_tokens: int = 4
     device: str = "auto"
     dtype: str = "auto"
-    max_seq_len: int = 2048
+    max_seq_len: int | None = None
     max_batch_size: int = 8
     cuda_graphs: bool = True
     graph_batch_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64))
@@ -64,9 +68,15 @@ class EngineOptions:
             raise ValueError(f"num_speculative_tokens must be in 1..32, got {self.num_speculative_tokens}")
         if self.draft_layers < 0:
             raise ValueError("draft_layers must be >= 0")
-        if self.max_seq_len < 8 or self.max_batch_size < 1 or self.prefill_chunk < 1:
+        if (self.max_seq_len is not None and self.max_seq_len < 8) or self.max_batch_size < 1 or self.prefill_chunk < 1:
             raise ValueError("max_seq_len >= 8, max_batch_size >= 1 and prefill_chunk >= 1 are required")
         self.graph_batch_sizes = tuple(sorted(set(self.graph_batch_sizes)))
+
+    def resolved(self, model_context: int) -> EngineOptions:
+        """A copy with ``max_seq_len`` filled in from the model's context when it was left None."""
+        if self.max_seq_len is not None:
+            return self
+        return replace(self, max_seq_len=min(model_context, DEFAULT_MAX_SEQ_LEN))
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -31,8 +31,14 @@ def tiny_model(name: str = "tiny-llama", seed: int = 0, std: float = 0.15, dtype
 
 
 def engine(target, draft=None, gamma: int = 4, max_batch: int = 8, max_seq: int = 256) -> Engine:
-    opts = EngineOptions(max_seq_len=max_seq, max_batch_size=max_batch, num_speculative_tokens=gamma,
-                         draft_layers=0, device="cpu", dtype="float32")
+    opts = EngineOptions(
+        max_seq_len=max_seq,
+        max_batch_size=max_batch,
+        num_speculative_tokens=gamma,
+        draft_layers=0,
+        device="cpu",
+        dtype="float32",
+    )
     return Engine(target, WordTokenizer(), opts, draft)
 
 

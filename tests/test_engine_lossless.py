@@ -88,10 +88,10 @@ def test_bf16_spec_matches_bf16_ar_or_near_tie():
     ar_eng = engine(target)
     ar = _ids(ar_eng, ps, 24)
     sp = _ids(engine(target, target.truncated(2), gamma=3), ps, 24)
-    for p, a, s in zip(ps, ar, sp):
+    for p, a, s in zip(ps, ar, sp, strict=False):
         if a == s:
             continue
-        t = next(i for i, (x, y) in enumerate(zip(a, s)) if x != y)
+        t = next(i for i, (x, y) in enumerate(zip(a, s, strict=False)) if x != y)
         logits = ar_eng.teacher_force_logits(p, s)[t]
         top2 = logits.topk(2).values
         assert float(top2[0] - top2[1]) < 0.25, "mismatch that is not a near-tie"

@@ -11,8 +11,16 @@ pytestmark = pytest.mark.gpu
 
 
 def _engine(target, draft=None, graphs=True, compile=False, dtype="float32"):
-    opts = EngineOptions(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), cuda_graphs=graphs,
-                         compile=compile, device="cuda", dtype=dtype, num_speculative_tokens=4)
+    opts = EngineOptions(
+        max_seq_len=256,
+        max_batch_size=8,
+        graph_batch_sizes=(1, 2, 4, 8),
+        cuda_graphs=graphs,
+        compile=compile,
+        device="cuda",
+        dtype=dtype,
+        num_speculative_tokens=4,
+    )
     return Engine(target, WordTokenizer(), opts, draft)
 
 
@@ -38,8 +46,8 @@ def test_compiled_spec_equals_ar_or_near_tie_bf16():
     spec = _engine(target, target.truncated(2), compile=True, dtype="bfloat16")
     a = [r.token_ids for r in ar.generate(ps, p)]
     s = [r.token_ids for r in spec.generate(ps, p)]
-    for prompt, x, y in zip(ps, a, s):
+    for prompt, x, y in zip(ps, a, s, strict=False):
         if x != y:
-            t = next(i for i, (u, v) in enumerate(zip(x, y)) if u != v)
+            t = next(i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v)
             top2 = ar.teacher_force_logits(prompt, y)[t].topk(2).values
             assert float(top2[0] - top2[1]) < 0.25

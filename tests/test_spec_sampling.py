@@ -76,8 +76,9 @@ def test_filters_match_reference(temperature, top_k, top_p):
     bs = BatchSampling.from_params([SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * 3, "cpu")
     got = probs_from_logits(logits, bs)
     for b in range(3):
-        torch.testing.assert_close(got[b].double(), _reference_filter(logits[b], temperature, top_k, top_p),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            got[b].double(), _reference_filter(logits[b], temperature, top_k, top_p), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_engine_sampling_matches_target_distribution():
@@ -96,8 +97,9 @@ def test_engine_sampling_matches_target_distribution():
     spec = engine(target, draft, gamma=3, max_batch=64)
     counts = torch.zeros(V, dtype=torch.float64)
     for seed in range(40):
-        res = spec.generate([prompt] * 64, SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed,
-                                                          ignore_eos=True))
+        res = spec.generate(
+            [prompt] * 64, SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed, ignore_eos=True)
+        )
         for r in res:
             counts[r.token_ids[1]] += 1
     assert chi2(counts, marginal) < CHI2_999[V - 1]

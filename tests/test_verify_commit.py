@@ -56,23 +56,23 @@ def test_tree_verify_commit_equals_recompute():
     path_t = torch.tensor([p + [p[-1]] * (A - len(p)) for p in paths])
     runner.kv.commit(lens, path_t)
 
-    for b, (L, path) in enumerate(zip(prefix_lens, paths)):
+    for b, (L, path) in enumerate(zip(prefix_lens, paths, strict=False)):
         seq = torch.cat([prefix[b, :L], tree_tokens[b, path]])[None]
         ref = ModelRunner(model, max_batch=1, max_seq=64, cuda_graphs=False)
         a, d = causal_tree(seq.shape[1])
         ref_logits = ref.step(seq, torch.tensor([0]), a, d)[0]
         n = L + len(path)
-        for (k, v), (rk, rv) in zip(runner.kv.layers, ref.kv.layers):
+        for (k, v), (rk, rv) in zip(runner.kv.layers, ref.kv.layers, strict=False):
             torch.testing.assert_close(k[b, :n], rk[0, :n], rtol=0, atol=1e-12)
             torch.testing.assert_close(v[b, :n], rv[0, :n], rtol=0, atol=1e-12)
         torch.testing.assert_close(tree_logits[b, path], ref_logits[L:], rtol=0, atol=1e-10)
 
     # And the next decode step after the commit sees exactly the accepted sequence.
     nxt = torch.randint(2, V, (2, 1))
-    new_len = torch.tensor([L + len(p) for L, p in zip(prefix_lens, paths)])
+    new_len = torch.tensor([L + len(p) for L, p in zip(prefix_lens, paths, strict=False)])
     a1, d1 = causal_tree(1)
     step_logits = runner.step(nxt, new_len, a1, d1)
-    for b, (L, path) in enumerate(zip(prefix_lens, paths)):
+    for b, (L, path) in enumerate(zip(prefix_lens, paths, strict=False)):
         seq = torch.cat([prefix[b, :L], tree_tokens[b, path], nxt[b]])[None]
         ref = ModelRunner(model, max_batch=1, max_seq=64, cuda_graphs=False)
         a, d = causal_tree(seq.shape[1])

@@ -37,6 +37,7 @@ def scratch_slots(options: EngineOptions) -> int:
 
 class Engine:
     def __init__(self, target: Transformer, tokenizer, options: EngineOptions, draft: Transformer | None = None):
+        options = options.resolved(target.cfg.max_position_embeddings)
         self.options = options
         self.tokenizer = tokenizer
         self.target = target
@@ -47,6 +48,11 @@ class Engine:
                 f"max_seq_len {options.max_seq_len} exceeds the model's context "
                 f"({target.cfg.max_position_embeddings} positions)"
             )
+        need_pos = options.max_seq_len + scratch_slots(options)
+        for m in (target, draft):
+            if m is not None and m.rope.shape[0] < need_pos:
+                raise ValueError(f"model was built for {m.rope.shape[0]} positions; the engine needs {need_pos} "
+                                 "(build_model(max_positions=...) >= max_seq_len + scratch)")
         if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
         self.gamma = options.num_speculative_tokens if draft is not None else 0
@@ -67,7 +73,7 @@ class Engine:
         from .loading import load_engine_models
 
         options = options or EngineOptions()
-        target, draft, tokenizer = load_engine_models(options)
+        target, draft, tokenizer, options = load_engine_models(options)
         return cls(target, tokenizer, options, draft)
 
     def warmup(self) -> None:

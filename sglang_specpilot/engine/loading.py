@@ -7,32 +7,42 @@ from ..models.build import build_model
 from ..models.llama import Transformer
 
 
-def _load_one(spec: str | None, options: EngineOptions, max_positions: int, seed: int):
+def _read(spec: str | None, options: EngineOptions):
+    """(config, state_dict or None, tokenizer) of a checkpoint path or, with ``synthetic``, a preset."""
     from ..models.loader import default_model_path, load_model_files
     from ..models.presets import preset_config
     from ..models.tokenizer import Tokenizer
 
-    dev, dtype = options.device, options.torch_dtype
     if options.synthetic:
         if spec is None:
             raise ValueError("--synthetic needs a preset name for the model")
         cfg = preset_config(spec)
-        model = build_model(cfg, device=dev, dtype=dtype, synthetic_seed=seed, max_positions=max_positions)
-        return model, Tokenizer.synthetic(cfg.vocab_size)
-    cfg, state_dict, tokenizer = load_model_files(spec or default_model_path())
-    model = build_model(cfg, device=dev, dtype=dtype, state_dict=state_dict, max_positions=max_positions)
-    return model, tokenizer
+        return cfg, None, Tokenizer.synthetic(cfg.vocab_size)
+    return load_model_files(spec or default_model_path())
 
 
-def load_engine_models(options: EngineOptions) -> tuple[Transformer, Transformer | None, object]:
-    """Returns (target, draft or None, tokenizer). Refuses a drafter whose tokenizer differs."""
+def _build(read, options: EngineOptions, seed: int) -> Transformer:
     from .engine import scratch_slots
 
+    cfg, state_dict, _ = read
     n_pos = options.max_seq_len + scratch_slots(options)
-    target, tokenizer = _load_one(options.model, options, n_pos, options.seed)
+    synthetic_seed = seed if state_dict is None else None
+    return build_model(cfg, device=options.device, dtype=options.torch_dtype, state_dict=state_dict,
+                       synthetic_seed=synthetic_seed, max_positions=n_pos)
+
+
+def load_engine_models(options: EngineOptions) -> tuple[Transformer, Transformer | None, object, EngineOptions]:
+    """Returns (target, draft or None, tokenizer, options with max_seq_len resolved).
+
+    Refuses a drafter whose tokenizer differs from the target's.
+    """
+    read = _read(options.model, options)
+    options = options.resolved(read[0].max_position_embeddings)
+    target, tokenizer = _build(read, options, options.seed), read[2]
     draft = None
     if options.draft is not None:
-        draft, draft_tok = _load_one(options.draft, options, n_pos, options.seed + 1)
+        draft_read = _read(options.draft, options)
+        draft, draft_tok = _build(draft_read, options, options.seed + 1), draft_read[2]
         if draft_tok.fingerprint != tokenizer.fingerprint:
             raise ValueError(
                 f"draft and target tokenizers differ ({options.draft!r} vs {options.model!r}); "
@@ -40,4 +50,4 @@ def load_engine_models(options: EngineOptions) -> tuple[Transformer, Transformer
             )
     elif options.draft_layers > 0:
         draft = target.truncated(options.draft_layers)
-    return target, draft, tokenizer
+    return target, draft, tokenizer, options

@@ -1,0 +1,481 @@
+"""Tree attention over a static KV cache: one verification step of N draft tokens per request.
+
+The contract (DESIGN.md, tree verification; the same as ``engine.attn_meta``): request b has
+``seq_len[b]`` tokens in slots ``0 .. seq_len[b]-1``. The step's N new tokens already had their K/V written
+to slots ``seq_len[b] + i``. Query token i sees every prefix slot, and new slot ``seq_len[b] + j`` iff
+``anc[i, j]`` (j is an ancestor of i, or i itself). Slots from ``seq_len[b] + N`` on hold garbage, possibly
+NaN, and never reach the result.
+
+The idea. Decode attention is bound by reading the cache, so every K/V block is read once for all the
+queries that need it: a program owns one (request, KV head, row tile, KV split) and the N * G query rows
+(row ``n * G + g``) of the G query heads that share that KV head, padded to BLOCK_R >= 16 for ``tl.dot``.
+It walks its slice of the cache in BLOCK_S slots at a time with an online softmax in fp32 (log2 domain).
+Blocks that lie wholly in the prefix take an unmasked fast path; only the last one or two blocks of a
+request (the prefix tail and the new tokens) load the ancestor mask.
+
+Small batches leave most SMs idle, so the cache is also cut into ``num_splits`` contiguous ranges
+(flash-decoding). The count is fixed on the host from static shapes only; the ranges themselves come
+from ``seq_len`` inside the kernel, so nothing reads ``seq_len`` on the host and the op is safe to capture
+in a CUDA graph. Each split writes its normalized partial output and log-sum-exp; a second small kernel
+merges them. With one split the first kernel writes the output directly.
+
+``tree_attention`` is a ``torch.library.triton_op`` (``specpilot::tree_attention``), so
+``torch.compile(fullgraph=True)`` sees through it. On the CPU it runs the PyTorch reference, unless
+``TRITON_INTERPRET=1``, which runs the Triton kernels in the interpreter (how the tests exercise them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+# 64 slots x 128 dims of bf16 is 16 KB per K or V tile; also the unit a split's range is aligned to.
+BLOCK_S = 64
+# Row tiles beyond 128 rows spill the fp32 accumulator (128 x 128 x 4 B over 8 warps is 64 registers per
+# thread already); a bigger N * G is cut into row tiles that reread the same K/V, mostly from L2.
+MAX_BLOCK_R = 128
+# More splits than this only adds merge traffic: 64 x 64 slots already covers a 4k context per split row.
+MAX_SPLITS = 64
+# Programs per SM the split heuristic aims for: two lets one program's loads overlap another's math.
+PROGRAMS_PER_SM = 2
+# Used when the device is not a GPU (the interpreter): the SM count of an H100/H200.
+DEFAULT_NUM_SMS = 132
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _split_blocks(seq, num_new, num_splits, BLOCK_S: tl.constexpr):
+    # Cache blocks per split for this request; both kernels must cut the range the same way.
+    num_blocks = tl.cdiv(seq + num_new, BLOCK_S)
+    return tl.cdiv(num_blocks, num_splits)
+
+
+@triton.jit
+def _attend_block(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k,
+    v,
+    allowed,
+    qk_scale,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # One online-softmax step over a [BLOCK_R, BLOCK_S] score tile, in the log2 domain.
+    if UPCAST:
+        # Interpreter only: its bf16 tl.dot multiplies the raw bit patterns (triton-lang/triton#11584).
+        # bf16 x bf16 products are exact in fp32, so this is what the tensor cores compute.
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        # A row can have seen nothing yet (m = -inf); exp2(-inf - -inf) would be NaN, so shift by 0.
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new_safe = m_new
+    alpha = tl.math.exp2(m_i - m_new_safe)
+    p = tl.math.exp2(s - m_new_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # p is rounded to the cache dtype so the second product runs on the tensor cores too.
+    p = p.to(v.dtype)
+    if UPCAST:
+        p = p.to(tl.float32)
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _tree_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    seq_len_ptr,
+    anc_ptr,
+    o_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    stride_qb,
+    stride_qn,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_on,
+    stride_oh,
+    stride_ab,
+    stride_ai,
+    stride_aj,
+    stride_seq,
+    num_kv_heads,
+    num_new,
+    group,
+    num_row_tiles,
+    num_splits,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # -- program id -> (request, kv head, row tile, split) ----------------------------------------------
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    tile = pid % num_row_tiles
+    kv_head = (pid // num_row_tiles) % num_kv_heads
+    b = (pid // num_row_tiles // num_kv_heads).to(tl.int64)  # batch strides can pass 2**31 elements
+
+    # -- query rows: row r is new token r // G of query head kv_head * G + r % G --------------------------
+    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < num_new * group
+    tok = rows // group
+    head = kv_head * group + rows % group
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + b * stride_qb + tok[:, None] * stride_qn + head[:, None] * stride_qh + dims[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+
+    # -- this split's slot range [start, end), aligned to BLOCK_S, computed from seq_len on the device -----
+    seq = tl.load(seq_len_ptr + b * stride_seq).to(tl.int32)
+    total = seq + num_new
+    per_split = _split_blocks(seq, num_new, num_splits, BLOCK_S)
+    start = split * per_split * BLOCK_S
+    end = tl.minimum(start + per_split * BLOCK_S, total)  # below start when the split is empty
+    # Blocks that end at or before seq are pure prefix: every row sees every slot, no mask needed.
+    full_end = tl.maximum(start, (tl.minimum(end, seq) // BLOCK_S) * BLOCK_S)
+
+    k_base = k_ptr + b * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + b * stride_vb + kv_head * stride_vh
+    anc_base = anc_ptr + b * stride_ab + tok * stride_ai
+    slots = tl.arange(0, BLOCK_S)
+
+    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+
+    # -- prefix blocks: unmasked loads --------------------------------------------------------------------
+    for s0 in range(start, full_end, BLOCK_S):
+        offs = s0 + slots
+        k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :])
+        v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :])
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, None, qk_scale, False, DOT_PRECISION, UPCAST)
+
+    # -- the prefix tail and the new tokens: the ancestor mask decides ------------------------------------
+    for s0 in range(full_end, end, BLOCK_S):
+        offs = s0 + slots
+        in_use = offs < total
+        # Masked loads (not multiply-by-zero) keep NaN garbage past the end out of the dot products.
+        k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_use[:, None], other=0.0)
+        v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_use[:, None], other=0.0)
+        rel = offs - seq
+        is_new = (rel >= 0) & in_use
+        tree = tl.load(
+            anc_base[:, None] + rel[None, :] * stride_aj, mask=row_ok[:, None] & is_new[None, :], other=0
+        )
+        allowed = (offs < seq)[None, :] | (tree != 0)
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, allowed, qk_scale, True, DOT_PRECISION, UPCAST)
+
+    # -- store: the output itself, or this split's normalized partial and its log-sum-exp -----------------
+    # A split with no slots has l = 0: it stores out = 0 and lse = -inf, a zero weight in the merge.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    if ONE_SPLIT:
+        o_ptrs = o_ptr + b * stride_ob + tok[:, None] * stride_on + head[:, None] * stride_oh + dims[None, :]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+        part = pid.to(tl.int64) * num_splits + split
+        local = tl.arange(0, BLOCK_R)
+        tl.store(part_lse_ptr + part * BLOCK_R + local, lse)
+        tl.store(part_o_ptr + (part * BLOCK_R + local[:, None]) * HEAD_DIM + dims[None, :], out)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    seq_len_ptr,
+    o_ptr,
+    stride_ob,
+    stride_on,
+    stride_oh,
+    stride_seq,
+    num_kv_heads,
+    num_new,
+    group,
+    num_row_tiles,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    # One program per (request, kv head, row tile), same mapping as the attention kernel.
+    pid = tl.program_id(0)
+    tile = pid % num_row_tiles
+    kv_head = (pid // num_row_tiles) % num_kv_heads
+    b = (pid // num_row_tiles // num_kv_heads).to(tl.int64)
+    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < num_new * group
+    tok = rows // group
+    head = kv_head * group + rows % group
+    local = tl.arange(0, BLOCK_R)
+    dims = tl.arange(0, HEAD_DIM)
+
+    # Splits past the last non-empty one hold (0, -inf); skipping them saves reading them at short contexts.
+    seq = tl.load(seq_len_ptr + b * stride_seq).to(tl.int32)
+    per_split = _split_blocks(seq, num_new, num_splits, BLOCK_S)
+    num_active = tl.cdiv(tl.cdiv(seq + num_new, BLOCK_S), per_split)
+
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+    for split in range(0, num_active):
+        part = pid.to(tl.int64) * num_splits + split
+        lse = tl.load(part_lse_ptr + part * BLOCK_R + local)
+        out = tl.load(part_o_ptr + (part * BLOCK_R + local[:, None]) * HEAD_DIM + dims[None, :])
+        m_new = tl.maximum(m, lse)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_safe)
+        w = tl.math.exp2(lse - m_safe)
+        acc = acc * alpha[:, None] + w[:, None] * out
+        l_sum = l_sum * alpha + w
+        m = m_new
+    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    o_ptrs = o_ptr + b * stride_ob + tok[:, None] * stride_on + head[:, None] * stride_oh + dims[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------------------
+
+# TRITON_INTERPRET=1 counts only if it was set before triton was imported (@triton.jit and triton's own
+# jit helpers read it then), so ask the kernel rather than the environment.
+INTERPRETED = isinstance(_tree_attention_kernel, InterpretedFunction)
+
+
+def _launchable(kernel):
+    # Interpreted kernels launch directly: wrap_triton accepts them only from torch 2.13 on.
+    return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_num_splits(batch: int, num_kv_heads: int, row_tiles: int, capacity: int, num_sms: int) -> int:
+    """KV splits from static shapes only: enough programs for PROGRAMS_PER_SM per SM, capped."""
+    programs = batch * num_kv_heads * row_tiles
+    want = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    return max(1, min(want, MAX_SPLITS, triton.cdiv(capacity, BLOCK_S)))
+
+
+def _row_block(rows: int) -> int:
+    return min(max(16, triton.next_power_of_2(rows)), MAX_BLOCK_R)
+
+
+@torch.library.triton_op("specpilot::tree_attention", mutates_args=())
+def _tree_attention_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_len: torch.Tensor,
+    anc: torch.Tensor,
+    scale: float,
+    num_splits: int,
+) -> torch.Tensor:
+    B, N, Hq, D = q.shape
+    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    block_r = _row_block(N * G)
+    row_tiles = triton.cdiv(N * G, block_r)
+    if num_splits <= 0:
+        num_splits = default_num_splits(B, Hkv, row_tiles, S, _num_sms(q.device))
+    if anc.dtype == torch.bool:
+        anc = anc.view(torch.uint8)  # same bytes; Triton loads uint8 pointers everywhere
+    stride_ab = anc.stride(0) if anc.dim() == 3 else 0
+
+    o = torch.empty_like(q)
+    one_split = num_splits == 1
+    if one_split:
+        part_o = part_lse = o  # unused: the kernel writes o directly
+    else:
+        programs = B * Hkv * row_tiles
+        part_o = torch.empty((programs, num_splits, block_r, D), device=q.device, dtype=torch.float32)
+        part_lse = torch.empty((programs, num_splits, block_r), device=q.device, dtype=torch.float32)
+
+    # fp32 models are the lossless reference runs: keep the dots in IEEE fp32, not TF32.
+    upcast = INTERPRETED and q.dtype == torch.bfloat16
+    dot_precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
+    num_warps = 8 if block_r >= 128 else 4
+    grid = (B * Hkv * row_tiles, num_splits)
+    _launchable(_tree_attention_kernel)[grid](
+        q,
+        k_cache,
+        v_cache,
+        seq_len,
+        anc,
+        o,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        o.stride(0),
+        o.stride(1),
+        o.stride(2),
+        stride_ab,
+        anc.stride(-2),
+        anc.stride(-1),
+        seq_len.stride(0),
+        Hkv,
+        N,
+        G,
+        row_tiles,
+        num_splits,
+        scale * math.log2(math.e),
+        HEAD_DIM=D,
+        BLOCK_R=block_r,
+        BLOCK_S=BLOCK_S,
+        ONE_SPLIT=one_split,
+        DOT_PRECISION=dot_precision,
+        UPCAST=upcast,
+        num_warps=num_warps,
+        num_stages=2,
+    )
+    if not one_split:
+        _launchable(_merge_splits_kernel)[(B * Hkv * row_tiles,)](
+            part_o,
+            part_lse,
+            seq_len,
+            o,
+            o.stride(0),
+            o.stride(1),
+            o.stride(2),
+            seq_len.stride(0),
+            Hkv,
+            N,
+            G,
+            row_tiles,
+            num_splits,
+            HEAD_DIM=D,
+            BLOCK_R=block_r,
+            BLOCK_S=BLOCK_S,
+            num_warps=4,
+        )
+    return o
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_len: torch.Tensor,
+    anc: torch.Tensor,
+    scale: float | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of N new tokens per request over a static KV cache, with a tree mask among them.
+
+    ``o[b, i, h] = softmax_j(scale * q[b, i, h] . k[b, j, h // G]) @ v[b, j, h // G]`` over the slots j
+    that query i may see: every ``j < seq_len[b]``, and ``j = seq_len[b] + t`` where ``anc[(b,) i, t]``.
+
+    Parameters
+    ----------
+    q : [B, N, Hq, D] bf16, fp16 or fp32, contiguous; Hq = G * Hkv, D in {32, 64, 128}
+    k_cache, v_cache : [B_max, S, Hkv, D], q's dtype, B_max >= B; rows 0..B-1 are read. The new tokens'
+        K/V must already sit at slots ``seq_len[b] .. seq_len[b] + N - 1``; later slots may hold anything.
+    seq_len : [B] int64 (or int32), tokens already in the cache per request; ``seq_len + N <= S``
+        (not checked: checking would read seq_len on the host)
+    anc : [N, N] shared or [B, N, N] per request, bool; anc[i, j] = new token j is an ancestor of i or i
+        itself (the diagonal must be True)
+    scale : softmax scale, default ``1 / sqrt(D)``
+    num_splits : KV splits per (request, kv head); None picks one from the static shapes
+
+    Returns
+    -------
+    o : [B, N, Hq, D] in q's dtype (accumulated in fp32)
+    """
+    B, N, Hq, D = q.shape
+    assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "k_cache, v_cache: [B_max, S, Hkv, D]"
+    assert k_cache.shape[0] >= B and k_cache.shape[3] == D, "cache rows or head_dim do not match q"
+    assert Hq % k_cache.shape[2] == 0, "query heads must be a multiple of kv heads"
+    assert D in (32, 64, 128), f"head_dim {D} not supported (32, 64 or 128)"
+    assert q.dtype in (torch.bfloat16, torch.float16, torch.float32), q.dtype
+    assert k_cache.dtype == q.dtype and v_cache.dtype == q.dtype, "q and the cache must share a dtype"
+    assert q.is_contiguous(), "q must be contiguous"
+    assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "cache head_dim must be contiguous"
+    assert seq_len.shape == (B,) and not seq_len.dtype.is_floating_point, "seq_len: [B] integer"
+    assert anc.shape in ((N, N), (B, N, N)) and anc.dtype == torch.bool, "anc: [N, N] or [B, N, N] bool"
+    if scale is None:
+        scale = D**-0.5
+    if q.device.type == "cpu" and not INTERPRETED:
+        return tree_attention_ref(q, k_cache, v_cache, seq_len, anc, scale)
+    return _tree_attention_op(q, k_cache, v_cache, seq_len, anc, float(scale), num_splits or 0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reference
+# ---------------------------------------------------------------------------------------------------------
+
+
+def tree_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_len: torch.Tensor,
+    anc: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Plain PyTorch ``tree_attention`` in fp32 (same arguments and result).
+
+    The mask spans the whole cache capacity S rather than ``max(seq_len) + N``: the same answer without
+    reading seq_len on the host, so this also runs under ``torch.compile(fullgraph=True)``.
+    """
+    B, N, Hq, D = q.shape
+    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    if scale is None:
+        scale = D**-0.5
+    rel = torch.arange(S, device=q.device)[None, :] - seq_len[:, None].long()  # [B, S], 0 = first new slot
+    in_use = rel < N
+    tree = anc.expand(B, N, N).gather(2, rel.clamp(0, N - 1)[:, None, :].expand(B, N, S))  # [B, N, S]
+    mask = (rel < 0)[:, None, :] | ((rel >= 0) & in_use)[:, None, :] & tree
+    # Zero the garbage past the end: a masked NaN would still poison the p @ v product (0 * NaN).
+    k = torch.where(in_use[:, :, None, None], k_cache[:B].float(), 0.0)
+    v = torch.where(in_use[:, :, None, None], v_cache[:B].float(), 0.0)
+    qf = q.float().view(B, N, Hkv, G, D)
+    scores = torch.einsum("bnhgd,bshd->bhgns", qf, k) * scale
+    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+    o = torch.einsum("bhgns,bshd->bnhgd", scores.softmax(-1), v)
+    return o.reshape(B, N, Hq, D).to(q.dtype)

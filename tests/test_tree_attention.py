@@ -1,0 +1,224 @@
+"""Tree attention: the Triton kernel against the PyTorch reference, the reference against brute force.
+
+Where the kernel runs: on the GPU when there is one, else on the CPU in the Triton interpreter. The
+interpreter only works if TRITON_INTERPRET=1 is set before triton is imported, and other test modules
+import it first, so on a CPU the kernel cases (named ``test_kernel_*``) run in a child pytest
+(``test_kernel_cases_in_interpreter``). To see them case by case:
+``TRITON_INTERPRET=1 pytest tests/test_tree_attention.py``.
+
+Tolerances (max |kernel - reference| <= atol + rtol * |reference|): fp32 atol = rtol = 1e-4 (the kernel
+and the reference differ only in summation order); bf16 and fp16 2e-2, about two bf16 ulps at the
+output's magnitude (~1): the kernel rounds p to bf16 before p @ v as the tensor cores need, the reference
+does not.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_specpilot.kernels.tree_attention import (
+    INTERPRETED,
+    default_num_splits,
+    tree_attention,
+    tree_attention_ref,
+)
+
+# The interpreter's range() over a run-time bound converts a 1-element array to int: deprecated in numpy.
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNEL_HERE = torch.cuda.is_available() or INTERPRETED
+kernel_case = pytest.mark.skipif(
+    not KERNEL_HERE, reason="on a CPU the kernel cases run in test_kernel_cases_in_interpreter's child"
+)
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+S = 160  # cache capacity: 2.5 blocks of 64, so ranges end mid-block and some splits are empty
+
+
+def chain_anc(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def tree_anc(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Random tree in topological order: node i's parent is some j < i; anc = ancestor-or-self."""
+    anc = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        parent = int(torch.randint(0, i, (1,), generator=gen))
+        anc[i] |= anc[parent]
+    return anc
+
+
+def make_case(batch, n, groups, head_dim, seq_lens, anc_kind, dtype=torch.float32, kv_heads=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    # One spare cache row: rows past the batch must be ignored.
+    q = torch.randn(batch, n, kv_heads * groups, head_dim, generator=gen)
+    k = torch.randn(batch + 1, S, kv_heads, head_dim, generator=gen)
+    v = torch.randn(batch + 1, S, kv_heads, head_dim, generator=gen)
+    if anc_kind == "chain":
+        anc = chain_anc(n)
+    elif anc_kind == "tree":
+        anc = tree_anc(n, gen)
+    else:  # one tree per request
+        anc = torch.stack([tree_anc(n, gen) for _ in range(batch)])
+    seq_len = torch.tensor(seq_lens, dtype=torch.int64)
+    return [t.to(DEVICE, dtype if t.is_floating_point() else None) for t in (q, k, v, seq_len, anc)]
+
+
+def assert_close(out, ref, tol, what=""):
+    err = (out.float() - ref.float()).abs()
+    bound = tol + tol * ref.float().abs()
+    bad = (err > bound) | ~out.isfinite()
+    if bad.any():
+        b, i, h, d = (int(x) for x in bad.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} elements off, max err {err.max().item():.3g}; first at "
+            f"[b={b}, token={i}, head={h}, dim={d}]: {out[b, i, h, d].item()} vs {ref[b, i, h, d].item()}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reference against brute force (CPU, fast)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def brute_force(q, k_cache, v_cache, seq_len, anc):
+    B, N, Hq, D = q.shape
+    G = Hq // k_cache.shape[2]
+    anc = anc.expand(B, N, N)
+    o = torch.zeros(B, N, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        s = int(seq_len[b])
+        for i in range(N):
+            seen = list(range(s)) + [s + j for j in range(N) if anc[b, i, j]]
+            for h in range(Hq):
+                kk = k_cache[b, seen, h // G].double()
+                vv = v_cache[b, seen, h // G].double()
+                o[b, i, h] = torch.softmax(kk @ q[b, i, h].double() * D**-0.5, 0) @ vv
+    return o
+
+
+@pytest.mark.parametrize("anc_kind", ["chain", "tree", "per_request"])
+def test_reference_matches_brute_force(anc_kind):
+    q, k, v, seq_len, anc = (t.cpu() for t in make_case(3, 5, 3, 32, [0, 17, 130], anc_kind))
+    k[:, 150:] = float("nan")  # past every request's end: the reference must not see it
+    assert_close(tree_attention_ref(q, k, v, seq_len, anc), brute_force(q, k, v, seq_len, anc), 1e-5, "ref")
+
+
+def test_default_num_splits():
+    # Batch 1, 8 kv heads on 132 SMs: 264 programs wanted, 33 splits (8k context: 4 blocks each).
+    assert default_num_splits(1, 8, 1, 8192, 132) == 33
+    # A big batch fills the GPU on its own: one split, no merge kernel.
+    assert default_num_splits(64, 8, 1, 8192, 132) == 1
+    # Never more splits than cache blocks, never more than 64.
+    assert default_num_splits(1, 1, 1, 160, 132) == 3
+    assert default_num_splits(1, 1, 1, 1 << 20, 132) == 64
+
+
+def test_cpu_falls_back_to_reference():
+    if INTERPRETED:
+        pytest.skip("under the interpreter CPU tensors go to the kernel")
+    q, k, v, seq_len, anc = (t.cpu() for t in make_case(2, 3, 2, 32, [5, 64], "tree"))
+    assert torch.equal(tree_attention(q, k, v, seq_len, anc), tree_attention_ref(q, k, v, seq_len, anc))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The kernel against the reference
+# ---------------------------------------------------------------------------------------------------------
+
+# (batch, N, G, head_dim, seq_lens, anc, num_splits); S = 160, BLOCK_S = 64. None = the launcher's choice.
+CASES = [
+    (1, 1, 1, 32, [0], "chain", None),  # the first token of a request: nothing but itself
+    (1, 1, 4, 64, [130], "chain", None),  # plain decode, GQA 4
+    (3, 3, 3, 32, [0, 17, 130], "tree", 1),  # one split: the kernel writes o directly
+    (3, 5, 4, 64, [63, 64, 65], "tree", 2),  # the new block straddles a block edge, or starts on one
+    (3, 7, 3, 32, [1, 130, 64], "chain", 5),  # more splits than blocks: empty splits must add nothing
+    (3, 7, 1, 64, [65, 0, 17], "per_request", 3),
+    (3, 3, 1, 32, [130, 1, 64], "per_request", 16),
+    (1, 5, 4, 32, [155], "tree", 3),  # seq_len + N = S: the cache's last slot
+    (1, 33, 4, 32, [40], "tree", 2),  # 132 rows: two row tiles of 128
+]
+
+
+@kernel_case
+@pytest.mark.parametrize("batch,n,groups,head_dim,seq_lens,anc_kind,num_splits", CASES)
+def test_kernel_matches_reference(batch, n, groups, head_dim, seq_lens, anc_kind, num_splits):
+    q, k, v, seq_len, anc = make_case(batch, n, groups, head_dim, seq_lens, anc_kind)
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], "fp32")
+
+
+@kernel_case
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kernel_half_precision(dtype, num_splits):
+    q, k, v, seq_len, anc = make_case(3, 5, 3, 64, [0, 65, 130], "tree", dtype=dtype)
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
+    assert out.dtype == dtype
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[dtype], str(dtype))
+
+
+@kernel_case
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_kernel_ignores_garbage_past_the_end(fill, num_splits):
+    q, k, v, seq_len, anc = make_case(3, 5, 3, 32, [0, 64, 100], "tree")
+    ref = tree_attention_ref(q, k, v, seq_len, anc)  # on the clean cache
+    for b, s in enumerate(seq_len.tolist()):
+        k[b, s + 5 :] = fill
+        v[b, s + 5 :] = fill
+    k[3:] = fill  # the spare row
+    v[3:] = fill
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
+    assert out.isfinite().all()
+    assert_close(out, ref, TOL[torch.float32], f"garbage {fill}")
+
+
+@kernel_case
+def test_kernel_scale_and_int32_seq_len():
+    q, k, v, seq_len, anc = make_case(2, 3, 2, 32, [17, 130], "chain")
+    out = tree_attention(q, k, v, seq_len.int(), anc, scale=0.3, num_splits=2)
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc, scale=0.3), TOL[torch.float32], "scale")
+
+
+def test_kernel_cases_in_interpreter():
+    if KERNEL_HERE:
+        pytest.skip("the kernel cases ran in this process")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "kernel and not interpreter", __file__]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    assert "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compile and capture
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_compile_fullgraph():
+    if INTERPRETED:
+        pytest.skip(
+            "torch.compile traces the op body with fake tensors, and an interpreted kernel reads their data "
+            "pointers; compiling the Triton path is covered on the GPU"
+        )
+    q, k, v, seq_len, anc = make_case(2, 3, 2, 32, [17, 130], "tree")
+    compiled = torch.compile(tree_attention, fullgraph=True)
+    out = compiled(q, k, v, seq_len, anc, num_splits=3 if DEVICE == "cuda" else None)
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], "compiled")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_follows_seq_len():
+    q, k, v, seq_len, anc = make_case(3, 5, 4, 64, [0, 65, 130], "tree", dtype=torch.bfloat16)
+    tree_attention(q, k, v, seq_len, anc)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tree_attention(q, k, v, seq_len, anc)
+    for lens in ([0, 65, 130], [150, 3, 64]):
+        seq_len.copy_(torch.tensor(lens))
+        graph.replay()
+        assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.bfloat16], f"replay {lens}")
