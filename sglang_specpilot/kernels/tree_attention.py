@@ -194,7 +194,7 @@ def _tree_attention_kernel(
         tree = tl.load(
             anc_base[:, None] + rel[None, :] * stride_aj, mask=row_ok[:, None] & is_new[None, :], other=0
         )
-        allowed = (offs < seq)[None, :] | (tree != 0)
+        allowed = (offs < seq)[None, :] | is_new[None, :]
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, allowed, qk_scale, True, DOT_PRECISION, UPCAST)
 
     # -- store: the output itself, or this split's normalized partial and its log-sum-exp -----------------
