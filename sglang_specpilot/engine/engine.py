@@ -164,8 +164,11 @@ class Engine:
             if ev:
                 yield ev
         host_len = list(lens)
+        active, n_finished = None, -1
         while not all(r.finished for r in reqs):
-            active = torch.tensor([not r.finished for r in reqs], device=dev)
+            if n_finished != sum(r.finished for r in reqs):  # rebuild the row mask only when it changes
+                n_finished = sum(r.finished for r in reqs)
+                active = torch.tensor([not r.finished for r in reqs], device=dev)
             if self.draft_runner is None:
                 new, n_acc = self._ar_step(history, seq_len, next_tok, bs, max(host_len))
                 next_tok = new[:, -1]
@@ -173,11 +176,12 @@ class Engine:
                 new, n_acc = self._spec_round(history, seq_len, next_tok, bs, max(host_len))
                 next_tok = new.gather(1, n_acc[:, None]).squeeze(1)
             seq_len += (n_acc + 1) * active
-            new_h, n_h = new.tolist(), n_acc.tolist()  # the one host sync of a round
-            for r, ids, n in zip(reqs, new_h, n_h, strict=False):
+            rows = torch.cat([new, n_acc[:, None]], 1).tolist()  # the one host sync of a round
+            for r, row in zip(reqs, rows, strict=True):
                 if not r.finished:
+                    n = row[-1]
                     host_len[r.index] += n + 1
-                    ev = r.add(ids[: n + 1], decode, count_round=True)
+                    ev = r.add(row[: n + 1], decode, count_round=True)
                     if ev:
                         yield ev
 

@@ -39,14 +39,21 @@ class _Graph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.logits = runner._graph_fn(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
+        self._last_tree = None
+        self._last_batch = batch
 
     def __call__(self, tokens, seq_len, anc, depth) -> torch.Tensor:
         B = tokens.shape[0]
         self.tokens[:B].copy_(tokens)
         self.seq_len[:B].copy_(seq_len)
-        self.seq_len[B:].zero_()
-        self.anc.copy_(anc)
-        self.depth.copy_(depth)
+        if B != self._last_batch:  # padding rows must read as empty; they stay so until B changes
+            self.seq_len[B:].zero_()
+            self._last_batch = B
+        # Chains pass the same (anc, depth) tensors every step: skip two copies per replay then.
+        if self._last_tree is None or self._last_tree[0] is not anc or self._last_tree[1] is not depth:
+            self.anc.copy_(anc)
+            self.depth.copy_(depth)
+            self._last_tree = (anc, depth)
         self.graph.replay()
         return self.logits[:B]
 

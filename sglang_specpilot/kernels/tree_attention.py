@@ -191,10 +191,9 @@ def _tree_attention_kernel(
         v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_use[:, None], other=0.0)
         rel = offs - seq
         is_new = (rel >= 0) & in_use
-        tree = tl.load(
-            anc_base[:, None] + rel[None, :] * stride_aj, mask=row_ok[:, None] & is_new[None, :], other=0
-        )
-        allowed = (offs < seq)[None, :] | is_new[None, :]
+        anc_ptrs = anc_base[:, None] + rel[None, :] * stride_aj
+        tree = tl.load(anc_ptrs, mask=row_ok[:, None] & is_new[None, :], other=0)
+        allowed = (offs < seq)[None, :] | (tree != 0)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, allowed, qk_scale, True, DOT_PRECISION, UPCAST)
 
     # -- store: the output itself, or this split's normalized partial and its log-sum-exp -----------------
