@@ -51,3 +51,28 @@ def test_compiled_spec_equals_ar_or_near_tie_bf16():
             t = next(i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v)
             top2 = ar.teacher_force_logits(prompt, y)[t].topk(2).values
             assert float(top2[0] - top2[1]) < 0.25
+
+
+@pytest.mark.parametrize("B,N,Hq,Hkv,D", [(1, 1, 9, 3, 64), (8, 5, 9, 3, 64), (1, 5, 32, 8, 128), (8, 1, 32, 8, 128)])
+def test_tree_attention_kernel_real_shapes(B, N, Hq, Hkv, D):
+    from sglang_specpilot.kernels.tree_attention import tree_attention, tree_attention_ref
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    S = 2112
+    q = torch.randn(B, N, Hq, D, device="cuda", generator=g).bfloat16()
+    k = torch.randn(B, S, Hkv, D, device="cuda", generator=g).bfloat16()
+    v = torch.randn(B, S, Hkv, D, device="cuda", generator=g).bfloat16()
+    seq_len = torch.randint(0, S - N, (B,), device="cuda", generator=g)
+    anc = torch.ones(N, N, dtype=torch.bool, device="cuda").tril()
+    torch.testing.assert_close(tree_attention(q, k, v, seq_len, anc).float(),
+                               tree_attention_ref(q, k, v, seq_len, anc).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_fused_attention_graph_equals_sdpa_fp32():
+    target = tiny_model("tiny-llama").cuda()
+    ps = prompts([5, 40, 9], target.cfg.vocab_size, seed=3)
+    p = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    sdpa = _engine(target, target.truncated(2), graphs=False)
+    fused = _engine(target, target.truncated(2))
+    assert fused.target_runner.fused_attention
+    assert [r.token_ids for r in fused.generate(ps, p)] == [r.token_ids for r in sdpa.generate(ps, p)]

@@ -77,3 +77,18 @@ def test_tree_verify_commit_equals_recompute():
         ref = ModelRunner(model, max_batch=1, max_seq=64, cuda_graphs=False)
         a, d = causal_tree(seq.shape[1])
         torch.testing.assert_close(step_logits[b, 0], ref.step(seq, torch.tensor([0]), a, d)[0, -1], rtol=0, atol=1e-10)
+
+
+def test_fused_attention_path_equals_sdpa():
+    # On the CPU the fused path runs the kernel's PyTorch reference (or the kernel under TRITON_INTERPRET=1);
+    # both compute in float32, so the two paths agree to float32 rounding, not bit for bit.
+    model = tiny_model("tiny-qwen3", dtype=torch.float32)
+    anc, depth = ancestors(PARENTS)
+    toks = torch.randint(2, model.cfg.vocab_size, (2, len(PARENTS)))
+    outs = []
+    for fused in (False, True):
+        r = ModelRunner(model, max_batch=2, max_seq=64, cuda_graphs=False)
+        a, d = causal_tree(9)
+        r.step(torch.randint(2, 300, (2, 9), generator=torch.Generator().manual_seed(1)), torch.tensor([0, 0]), a, d)
+        outs.append(r._forward(toks, torch.tensor([9, 4]), anc, depth, 64, fused_attention=fused))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)

@@ -18,7 +18,7 @@ import torch
 class StepMeta:
     positions: torch.Tensor  # [B, N] int64
     slots: torch.Tensor  # [B, N] int64
-    mask: torch.Tensor  # [B, 1, N * G, kv_len] bool
+    mask: torch.Tensor | None  # [B, 1, N * G, kv_len] bool; None when the fused kernel masks itself
 
 
 def causal_tree(n: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,7 +27,9 @@ def causal_tree(n: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     return anc, torch.arange(n, device=device)
 
 
-def build_step_meta(seq_len: torch.Tensor, anc: torch.Tensor, depth: torch.Tensor, kv_len: int, group: int) -> StepMeta:
+def build_step_meta(
+    seq_len: torch.Tensor, anc: torch.Tensor, depth: torch.Tensor, kv_len: int, group: int, with_mask: bool = True
+) -> StepMeta:
     """Build positions, slots and the boolean mask.
 
     Parameters
@@ -37,6 +39,7 @@ def build_step_meta(seq_len: torch.Tensor, anc: torch.Tensor, depth: torch.Tenso
     depth : [N] or [B, N] int64, node depth (0 for the first new token)
     kv_len : number of cache slots attention reads (>= max(seq_len) + N)
     group : query heads per KV head; the mask repeats each token's row ``group`` times
+    with_mask : build the dense mask (SDPA); the fused tree-attention kernel needs none
     """
     B = seq_len.shape[0]
     N = anc.shape[-1]
@@ -44,6 +47,8 @@ def build_step_meta(seq_len: torch.Tensor, anc: torch.Tensor, depth: torch.Tenso
     seq = seq_len[:, None]
     positions = seq + depth.expand(B, N)
     slots = seq + torch.arange(N, device=dev)
+    if not with_mask:
+        return StepMeta(positions, slots, None)
     rel = torch.arange(kv_len, device=dev)[None, :] - seq  # [B, S]: slot index relative to the new block
     in_new = (rel >= 0) & (rel < N)
     idx = rel.clamp(0, N - 1)[:, None, :].expand(B, N, kv_len)

@@ -164,26 +164,55 @@ class Engine:
             if ev:
                 yield ev
         host_len = list(lens)
-        active, n_finished = None, -1
-        while not all(r.finished for r in reqs):
-            if n_finished != sum(r.finished for r in reqs):  # rebuild the row mask only when it changes
-                n_finished = sum(r.finished for r in reqs)
-                active = torch.tensor([not r.finished for r in reqs], device=dev)
-            if self.draft_runner is None:
-                new, n_acc = self._ar_step(history, seq_len, next_tok, bs, max(host_len))
-                next_tok = new[:, -1]
-            else:
-                new, n_acc = self._spec_round(history, seq_len, next_tok, bs, max(host_len))
-                next_tok = new.gather(1, n_acc[:, None]).squeeze(1)
-            seq_len += (n_acc + 1) * active
-            rows = torch.cat([new, n_acc[:, None]], 1).tolist()  # the one host sync of a round
-            for r, row in zip(reqs, rows, strict=True):
-                if not r.finished:
-                    n = row[-1]
-                    host_len[r.index] += n + 1
-                    ev = r.add(row[: n + 1], decode, count_round=True)
-                    if ev:
-                        yield ev
+        # On CUDA the host runs one round behind: round t+1 is launched before round t's tokens are read
+        # back, so the GPU never waits for the host's bookkeeping. A row that finished in round t runs
+        # one extra round; its writes land past its length (the scratch slots absorb them) and are
+        # never emitted. ``lag`` widens the eager attention window by the round the host has not seen.
+        lag = (self.gamma + 1) if dev.type == "cuda" else 0
+        active, n_finished, inflight = None, -1, None
+        while inflight is not None or not all(r.finished for r in reqs):
+            launched = None
+            if not all(r.finished for r in reqs):
+                if n_finished != sum(r.finished for r in reqs):  # rebuild the row mask only when it changes
+                    n_finished = sum(r.finished for r in reqs)
+                    active = torch.tensor([not r.finished for r in reqs], device=dev)
+                hint = max(host_len) + lag
+                if self.draft_runner is None:
+                    new, n_acc = self._ar_step(history, seq_len, next_tok, bs, hint)
+                    next_tok = new[:, -1]
+                else:
+                    new, n_acc = self._spec_round(history, seq_len, next_tok, bs, hint)
+                    next_tok = new.gather(1, n_acc[:, None]).squeeze(1)
+                seq_len += (n_acc + 1) * active
+                launched = self._to_host(torch.cat([new, n_acc[:, None]], 1))
+                if not lag:  # CPU: no lookahead, read this round back at once
+                    inflight, launched = launched, None
+            if inflight is not None:
+                rows = self._from_host(inflight)  # the one host sync of a round
+                for r, row in zip(reqs, rows, strict=True):
+                    if not r.finished:
+                        n = row[-1]
+                        host_len[r.index] += n + 1
+                        ev = r.add(row[: n + 1], decode, count_round=True)
+                        if ev:
+                            yield ev
+            inflight = launched
+
+    def _to_host(self, packed: torch.Tensor):
+        if packed.device.type != "cuda":
+            return packed, None
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
+
+    @staticmethod
+    def _from_host(inflight) -> list[list[int]]:
+        host, done = inflight
+        if done is not None:
+            done.synchronize()
+        return host.tolist()
 
     def _ar_step(self, history, seq_len, next_tok, bs, max_len):
         anc, depth = self._chain[1]

@@ -69,6 +69,7 @@ class ModelRunner:
         graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
         scratch_slots: int = 64,
         compile: bool = False,
+        fused_attention: bool = True,
     ):
         self.model = model
         self.device = model.embed.weight.device
@@ -86,6 +87,7 @@ class ModelRunner:
         # torch.compile fuses each block's norms, rope and SwiGLU into a few kernels; only graph-captured
         # (fixed-shape) steps use it, so eager prefill never triggers a recompile. One compiled block
         # serves all layers; each (batch, width, model shape) adds a cache entry, hence the larger limit.
+        self.fused_attention = fused_attention
         self._layer_fn = None
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -94,12 +96,18 @@ class ModelRunner:
             self._layer_fn = torch.compile(run_block, fullgraph=True, dynamic=False)
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    def _forward(self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None) -> torch.Tensor:
-        meta = build_step_meta(seq_len, anc, depth, kv_len, self.group)
-        return self.model(tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn)
+    def _forward(
+        self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False
+    ) -> torch.Tensor:
+        meta = build_step_meta(seq_len, anc, depth, kv_len, self.group, with_mask=not fused_attention)
+        return self.model(tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn,
+                          seq_len, anc)
 
     def _graph_fn(self, tokens, seq_len, anc, depth, kv_len) -> torch.Tensor:
-        return self._forward(tokens, seq_len, anc, depth, kv_len, layer_fn=self._layer_fn)
+        # Graph steps are narrow (N <= verify width) and attend over the whole cache capacity, which is
+        # where the fused kernel pays: it reads only each row's live slots. Prefill keeps SDPA.
+        return self._forward(tokens, seq_len, anc, depth, kv_len, layer_fn=self._layer_fn,
+                             fused_attention=self.fused_attention)
 
     @torch.inference_mode()
     def capture(self, widths: tuple[int, ...]) -> None:

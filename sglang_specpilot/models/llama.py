@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.tree_attention import tree_attention
 from .config import ModelConfig
 from .rope import apply_rope, rope_table
 
@@ -48,7 +49,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask) -> torch.Tensor:
+    def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
         cfg = self.cfg
         B, N, _ = x.shape
         q, k, v = self.wqkv(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -60,6 +61,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache[batch_idx, slots] = k
         v_cache[batch_idx, slots] = v
+        if mask is None:
+            # Fused kernel: reads only each row's seq_len + N slots, applies the tree mask itself.
+            return self.wo(tree_attention(q, k_cache, v_cache, seq_len, anc).reshape(B, N, cfg.q_size))
         # Grouped-query attention without copying the cache: fold the G query heads that share a KV
         # head into the query axis (row n * G + g), so SDPA sees Hkv heads of N * G queries each.
         G = cfg.num_heads // cfg.num_kv_heads
@@ -90,15 +94,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask)
+    def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
         return h + self.mlp(self.mlp_norm(h))
 
 
-def run_block(layer: Block, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask) -> torch.Tensor:
+def run_block(layer: Block, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
     # A free function of the layer, so one torch.compile of it serves every layer of every model with
     # the same shapes (parameters become graph inputs) instead of compiling the unrolled model.
-    return layer(x, cos, sin, k_cache, v_cache, batch_idx, slots, mask)
+    return layer(x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
 
 
 class Transformer(nn.Module):
@@ -126,10 +130,12 @@ class Transformer(nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         kv: list[tuple[torch.Tensor, torch.Tensor]],
         logit_rows: torch.Tensor | None = None,
         layer_fn=None,
+        seq_len: torch.Tensor | None = None,
+        anc: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run N new tokens per request through the decoder and return their logits.
 
@@ -139,7 +145,8 @@ class Transformer(nn.Module):
         positions : [B, N] int64, rope positions (prefix length + depth for tree nodes)
         slots : [B, N] int64, cache slots the new tokens' K/V are written to
         mask : [B, 1, N * G, S] bool, True where a query row may attend to a cache slot
-            (G = num_heads // num_kv_heads; row n * G + g belongs to token n)
+            (G = num_heads // num_kv_heads; row n * G + g belongs to token n); None = use the fused
+            ``tree_attention`` kernel, which needs ``seq_len`` [B] and ``anc`` [N, N] / [B, N, N] instead
         kv : per layer (k_cache, v_cache), each [B_max, S_max, num_kv_heads, head_dim]
         logit_rows : optional [B, R] int64; only those rows of each request get logits
         layer_fn : optional ``fn(layer, x, ...)`` that runs one block, e.g. a compiled ``run_block``
@@ -155,7 +162,7 @@ class Transformer(nn.Module):
         batch_idx = torch.arange(B, device=tokens.device)[:, None]
         run = layer_fn or run_block
         for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=True):
-            x = run(layer, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask)
+            x = run(layer, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.norm(x))
