@@ -12,6 +12,7 @@ output's magnitude (~1): the kernel rounds p to bf16 before p @ v as the tensor 
 does not.
 """
 
+import importlib
 import os
 import subprocess
 import sys
@@ -22,9 +23,12 @@ import torch
 from sglang_specpilot.kernels.tree_attention import (
     INTERPRETED,
     default_num_splits,
+    row_block,
     tree_attention,
     tree_attention_ref,
 )
+
+ta_module = importlib.import_module("sglang_specpilot.kernels.tree_attention")
 
 # The interpreter's range() over a run-time bound converts a 1-element array to int: deprecated in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
@@ -117,6 +121,13 @@ def test_default_num_splits():
     assert default_num_splits(1, 1, 1, 1 << 20, 132) == 64
 
 
+def test_row_block():
+    assert row_block(1, 1, 8, 132) == 16  # tl.dot needs 16 rows
+    assert row_block(24, 1, 8, 132) == 32
+    assert row_block(256, 8, 8, 132) == 128  # 128 programs: big tiles
+    assert row_block(256, 1, 8, 132) == 64  # 16 programs: more, smaller tiles
+
+
 def test_cpu_falls_back_to_reference():
     if INTERPRETED:
         pytest.skip("under the interpreter CPU tensors go to the kernel")
@@ -138,7 +149,6 @@ CASES = [
     (3, 7, 1, 64, [65, 0, 17], "per_request", 3),
     (3, 3, 1, 32, [130, 1, 64], "per_request", 16),
     (1, 5, 4, 32, [155], "tree", 3),  # seq_len + N = S: the cache's last slot
-    (1, 33, 4, 32, [40], "tree", 2),  # 132 rows: two row tiles of 128
 ]
 
 
@@ -149,6 +159,16 @@ def test_kernel_matches_reference(batch, n, groups, head_dim, seq_lens, anc_kind
     out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], "fp32")
+
+
+@kernel_case
+@pytest.mark.parametrize("num_sms", [1, 132])
+def test_kernel_row_tiles(num_sms, monkeypatch):
+    # 33 tokens x G = 4 is 132 rows: two tiles of 128 when the grid is big enough (one SM), else three of 64.
+    monkeypatch.setattr(ta_module, "_num_sms", lambda device: num_sms)
+    q, k, v, seq_len, anc = make_case(1, 33, 4, 128, [40], "tree")
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=2)
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], f"{num_sms} SMs")
 
 
 @kernel_case

@@ -21,7 +21,8 @@ merges them. With one split the first kernel writes the output directly.
 
 ``tree_attention`` is a ``torch.library.triton_op`` (``specpilot::tree_attention``), so
 ``torch.compile(fullgraph=True)`` sees through it. On the CPU it runs the PyTorch reference, unless
-``TRITON_INTERPRET=1``, which runs the Triton kernels in the interpreter (how the tests exercise them).
+``TRITON_INTERPRET=1`` was set before triton was imported: then the Triton kernels run in the interpreter
+(how the tests exercise them on a machine without a GPU).
 """
 
 from __future__ import annotations
@@ -33,14 +34,22 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-# 64 slots x 128 dims of bf16 is 16 KB per K or V tile; also the unit a split's range is aligned to.
+# Tile sizes from one sweep on the H200 (bf16, 8 kv heads, G = 4, D = 128; median us of 20 CUDA-graph
+# replays, a single run): 64 slots x 3 stages was best on 3 of 6 shapes and within 15% on the rest (32 slots
+# won batch 8, N = 8, 8k context: 97 vs 112 us). Batch 64, N = 8, 8k: 493 us (64 slots, 3 stages), 573
+# (64, 2), 501 (128, 2), 612 (32, 3); 128 slots x 3 stages x 128 rows runs out of shared memory.
+# BLOCK_S is also the unit a split's range is aligned to.
 BLOCK_S = 64
-# Row tiles beyond 128 rows spill the fp32 accumulator (128 x 128 x 4 B over 8 warps is 64 registers per
-# thread already); a bigger N * G is cut into row tiles that reread the same K/V, mostly from L2.
+# Three stages of K/V tiles in flight; fp32 tiles are twice the bytes, so fp32 keeps two (3 x 64 KB of
+# 64 x 128 fp32 K/V plus the q tile would pass the 227 KB of shared memory).
+NUM_STAGES = {2: 3, 4: 2}
+# Rows per tile: 128-row tiles beat 64 once there are programs enough (batch 8, N = 64, 8k: 176 vs 212 us)
+# but leave SMs idle at batch 1 (N = 64, 1k context: 44 vs 27 us), so small grids use 64.
 MAX_BLOCK_R = 128
-# More splits than this only adds merge traffic: 64 x 64 slots already covers a 4k context per split row.
+# Cap on splits (not swept): at 64 splits an 8k context gives each split only two blocks.
 MAX_SPLITS = 64
-# Programs per SM the split heuristic aims for: two lets one program's loads overlap another's math.
+# Programs per SM the split heuristic aims for (not swept): two let one program's loads overlap another's
+# math.
 PROGRAMS_PER_SM = 2
 # Used when the device is not a GPU (the interpreter): the SM count of an H100/H200.
 DEFAULT_NUM_SMS = 132
@@ -144,6 +153,8 @@ def _tree_attention_kernel(
     tile = pid % num_row_tiles
     kv_head = (pid // num_row_tiles) % num_kv_heads
     b = (pid // num_row_tiles // num_kv_heads).to(tl.int64)  # batch strides can pass 2**31 elements
+    # Under torch.compile inductor passes Python floats as fp64; fp64 scores would make m_i change type.
+    qk_scale = tl.full([], qk_scale, tl.float32)
 
     # -- query rows: row r is new token r // G of query head kv_head * G + r % G --------------------------
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -293,8 +304,12 @@ def default_num_splits(batch: int, num_kv_heads: int, row_tiles: int, capacity: 
     return max(1, min(want, MAX_SPLITS, triton.cdiv(capacity, BLOCK_S)))
 
 
-def _row_block(rows: int) -> int:
-    return min(max(16, triton.next_power_of_2(rows)), MAX_BLOCK_R)
+def row_block(rows: int, batch: int, num_kv_heads: int, num_sms: int) -> int:
+    """Query rows per program: the next power of two >= 16, at most MAX_BLOCK_R; 64 on a small grid."""
+    block = min(max(16, triton.next_power_of_2(rows)), MAX_BLOCK_R)
+    if block > 64 and batch * num_kv_heads * triton.cdiv(rows, block) < num_sms // 2:
+        block = 64
+    return block
 
 
 @torch.library.triton_op("specpilot::tree_attention", mutates_args=())
@@ -310,18 +325,20 @@ def _tree_attention_op(
     B, N, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
-    block_r = _row_block(N * G)
+    num_sms = _num_sms(q.device)
+    block_r = row_block(N * G, B, Hkv, num_sms)
     row_tiles = triton.cdiv(N * G, block_r)
     if num_splits <= 0:
-        num_splits = default_num_splits(B, Hkv, row_tiles, S, _num_sms(q.device))
-    if anc.dtype == torch.bool:
-        anc = anc.view(torch.uint8)  # same bytes; Triton loads uint8 pointers everywhere
-    stride_ab = anc.stride(0) if anc.dim() == 3 else 0
+        num_splits = default_num_splits(B, Hkv, row_tiles, S, num_sms)
+    # anc goes in as bool: Triton reads it through an i1 pointer, one byte each. A uint8 view would do as
+    # well in eager mode, but inductor cannot lower a bool -> uint8 view (torch 2.11).
+    stride_ab = anc.stride(0) if anc.dim() == 3 else 0  # a shared [N, N] tree: every request reads it
 
     o = torch.empty_like(q)
     one_split = num_splits == 1
     if one_split:
-        part_o = part_lse = o  # unused: the kernel writes o directly
+        # Unused (the kernel writes o directly); distinct buffers so no argument aliases o.
+        part_o = part_lse = torch.empty(1, device=q.device, dtype=torch.float32)
     else:
         programs = B * Hkv * row_tiles
         part_o = torch.empty((programs, num_splits, block_r, D), device=q.device, dtype=torch.float32)
@@ -370,7 +387,7 @@ def _tree_attention_op(
         DOT_PRECISION=dot_precision,
         UPCAST=upcast,
         num_warps=num_warps,
-        num_stages=2,
+        num_stages=NUM_STAGES[q.element_size()],
     )
     if not one_split:
         _launchable(_merge_splits_kernel)[(B * Hkv * row_tiles,)](

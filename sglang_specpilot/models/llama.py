@@ -12,8 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.tree_attention import tree_attention
 from .config import ModelConfig
+
+try:  # Triton is optional on CPU-only installs; the engine then keeps SDPA everywhere.
+    from ..kernels.tree_attention import tree_attention
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    tree_attention = None
 from .rope import apply_rope, rope_table
 
 
