@@ -170,6 +170,9 @@ class Engine:
         # never emitted. ``lag`` widens the eager attention window by the round the host has not seen.
         lag = (self.gamma + 1) if dev.type == "cuda" else 0
         active, n_finished, inflight = None, -1, None
+        # Two pinned host buffers, used in turn: pinned allocation per round costs more than a round.
+        pinned = [torch.empty((B, self.gamma + 2), dtype=torch.long, pin_memory=True) for _ in range(2)] if lag else []
+        rounds = 0
         while inflight is not None or not all(r.finished for r in reqs):
             launched = None
             if not all(r.finished for r in reqs):
@@ -184,7 +187,8 @@ class Engine:
                     new, n_acc = self._spec_round(history, seq_len, next_tok, bs, hint)
                     next_tok = new.gather(1, n_acc[:, None]).squeeze(1)
                 seq_len += (n_acc + 1) * active
-                launched = self._to_host(torch.cat([new, n_acc[:, None]], 1))
+                launched = self._to_host(torch.cat([new, n_acc[:, None]], 1), pinned[rounds % 2] if lag else None)
+                rounds += 1
                 if not lag:  # CPU: no lookahead, read this round back at once
                     inflight, launched = launched, None
             if inflight is not None:
@@ -198,10 +202,9 @@ class Engine:
                             yield ev
             inflight = launched
 
-    def _to_host(self, packed: torch.Tensor):
+    def _to_host(self, packed: torch.Tensor, host: torch.Tensor | None):
         if packed.device.type != "cuda":
             return packed, None
-        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
