@@ -247,12 +247,13 @@ def foundation(args: argparse.Namespace) -> dict:
         raise SystemExit("the foundation suite needs a CUDA GPU")
     parts = set(args.parts.split(","))
     out = {"metrics": {}, "rows": [], "peaks": measure_peaks("cuda").to_dict()}
+    # The 8B part runs first: timed after the SmolLM2 and HF parts in the same process, its step measured
+    # 6.49 ms against 4.78 ms in a fresh process (H200, same commit); the cause is not yet understood.
+    if "llama8b" in parts:
+        _llama8b(args, out, out["peaks"])
+        torch.cuda.empty_cache()
     if "smollm2" in parts:
         ar, prompts = _smollm2(args, out)
         if "hf" in parts:
             _hf(args, out, ar, prompts)
-        del ar
-        torch.cuda.empty_cache()
-    if "llama8b" in parts:
-        _llama8b(args, out, out["peaks"])
     return out
