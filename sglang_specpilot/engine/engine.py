@@ -60,6 +60,7 @@ class Engine:
             cuda_graphs=options.cuda_graphs,
             graph_batch_sizes=options.graph_batch_sizes,
             scratch_slots=scratch_slots(options),
+            compile=options.compile,
         )
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
