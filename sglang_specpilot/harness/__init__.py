@@ -12,7 +12,6 @@ from .gates import KernelGainVerdict, PromotionVerdict, kernel_gain_gate, promot
 from .graphs import graph_replay
 from .leave_one_out import AcceptanceVerdict, leave_one_out
 from .noise import noise_from_ratio, stock_vs_stock_noise
-from .report import MarkersError, render_results, update_readme
 from .roofline import Floor, Peaks, attention_floor, decode_step_floor, gemm_floor, measure_peaks
 from .stats import RatioCI, log_ratio_ci, rate_difference_interval, wilson_interval
 from .synthetic import SimulatedClock
@@ -25,7 +24,6 @@ __all__ = [
     "ForcingReport",
     "ForcingVerdict",
     "KernelGainVerdict",
-    "MarkersError",
     "Mismatch",
     "PairedTimes",
     "Peaks",
@@ -49,10 +47,8 @@ __all__ = [
     "promotion_gate",
     "rate_difference_interval",
     "register_suite",
-    "render_results",
     "run_suite",
     "stock_vs_stock_noise",
     "token_forcing",
-    "update_readme",
     "wilson_interval",
 ]
