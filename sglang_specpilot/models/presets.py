@@ -162,39 +162,11 @@ def preset_config(name: str) -> ModelConfig:
     return ModelConfig(**PRESETS[key], name=f"{key} (synthetic weights)")
 
 
-@torch.no_grad()
 def synthetic_state_dict(
     cfg: ModelConfig, *, seed: int = 0, std: float = 0.02, device="cpu", dtype=torch.float32
 ) -> dict[str, torch.Tensor]:
-    """Hugging Face-named random weights for ``cfg``, drawn on ``device``."""
-    gen = torch.Generator(device=device).manual_seed(seed)
+    """Hugging Face-named synthetic weights for ``cfg`` (the same draw ``build_model`` makes)."""
+    from .build import build_model
 
-    def mat(*shape):
-        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).mul_(std).to(dtype)
-
-    def norm(n):
-        return (1 + mat(n)).to(dtype)
-
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    sd = {"model.embed_tokens.weight": mat(cfg.vocab_size, h), "model.norm.weight": norm(h)}
-    if not cfg.tie_word_embeddings:
-        sd["lm_head.weight"] = mat(cfg.vocab_size, h)
-    for li in range(cfg.num_layers):
-        p, a, m = f"model.layers.{li}.", f"model.layers.{li}.self_attn.", f"model.layers.{li}.mlp."
-        sd[a + "q_proj.weight"] = mat(cfg.q_size, h)
-        sd[a + "k_proj.weight"] = mat(cfg.kv_size, h)
-        sd[a + "v_proj.weight"] = mat(cfg.kv_size, h)
-        sd[a + "o_proj.weight"] = mat(h, cfg.q_size)
-        if cfg.attention_bias:
-            sd[a + "q_proj.bias"] = mat(cfg.q_size)
-            sd[a + "k_proj.bias"] = mat(cfg.kv_size)
-            sd[a + "v_proj.bias"] = mat(cfg.kv_size)
-        if cfg.qk_norm:
-            sd[a + "q_norm.weight"] = norm(cfg.head_dim)
-            sd[a + "k_norm.weight"] = norm(cfg.head_dim)
-        sd[m + "gate_proj.weight"] = mat(i, h)
-        sd[m + "up_proj.weight"] = mat(i, h)
-        sd[m + "down_proj.weight"] = mat(h, i)
-        sd[p + "input_layernorm.weight"] = norm(h)
-        sd[p + "post_attention_layernorm.weight"] = norm(h)
-    return sd
+    model = build_model(cfg, device=device, dtype=dtype, synthetic_seed=seed, synthetic_std=std, max_positions=1)
+    return model.hf_state_dict()
