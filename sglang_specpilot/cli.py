@@ -116,11 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     _add_engine_args(g)
     sub.add_parser("bench", help="run a benchmark suite (specpilot bench SUITE --help)", add_help=False)
+    sub.add_parser("w12", help="W12 checkpoints: convert SRC DST [--verify] | verify DST", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         from .harness.bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["w12"]:
+        from w12.cli import main as w12_main
+
+        return w12_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return cmd_generate(args)

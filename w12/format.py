@@ -13,8 +13,10 @@ split into two planes so that a pass can read the high 8 bits alone:
                            k odd -> high nibble; K2 = ceil(K / 2), an odd K leaves the last high nibble 0
     base [N]       uint8   biased exponent of offset 0
 
-Every other weight (outside the window, exact zeros, subnormals: anything whose exponent field is not in
-the window) is an escape: its planes hold code 0 (hi = 0, nibble = 0) and its exact BF16 value sits in
+Every other weight (outside the window; exact zeros and subnormals unless the window starts at field 0;
+NaN and infinities unless it ends at field 255) is an escape; in-window slots may therefore hold zeros,
+subnormals or non-finite values when base is 0 or 240, and kernels must not assume normal numbers.
+An escape's planes hold code 0 (hi = 0, nibble = 0) and its exact BF16 value sits in
 the sparse list
 
     esc_idx [E]    int64   flat index n * K + k, strictly increasing
@@ -59,7 +61,7 @@ def decode_reference(w: W12Tensor) -> torch.Tensor:
     """Plain PyTorch decode to BF16 [N, K]; bit-exact (the reference every kernel is checked against)."""
     N, K = w.shape
     hi = w.hi.to(torch.int32)
-    nib = torch.stack([w.lo & 0xF, w.lo >> 4], dim=-1).reshape(N, -1)[:, :K].to(torch.int32)
+    nib = torch.stack([w.lo & 0xF, w.lo >> 4], dim=-1).reshape(N, 2 * w.lo.shape[1])[:, :K].to(torch.int32)
     sign = (hi >> 7) & 1
     exp = ((hi >> 3) & 0xF) + w.base.to(torch.int32)[:, None]
     mant = ((hi & 0x7) << 4) | nib

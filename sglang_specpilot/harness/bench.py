@@ -38,6 +38,7 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.harness.selftest_suite",
     "sglang_specpilot.suites.foundation",
     "sglang_specpilot.suites.noise",
+    "sglang_specpilot.suites.w12_bits",
 )
 RESULTS_SUBDIR = Path("benchmarks") / "results"
 HEADER_KEYS = ("suite", "commit", "dirty", "date", "gpu", "versions", "command")
