@@ -35,6 +35,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="KV capacity; default: the model's context, "
                    "at most 4096")
     p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the captured steps (GPU)")
+    p.add_argument("--weights", choices=["bf16", "w12"], default="bf16", help="target weights")
+    p.add_argument("--draft-weights", choices=["bf16", "w12"], default="bf16", help="standalone draft weights")
 
 
 def engine_options(args: argparse.Namespace):
@@ -54,6 +57,9 @@ def engine_options(args: argparse.Namespace):
         max_seq_len=args.max_seq_len,
         max_batch_size=1,
         cuda_graphs=not args.no_cuda_graphs,
+        compile=args.compile,
+        weights=args.weights,
+        draft_weights=args.draft_weights,
     )
 
 

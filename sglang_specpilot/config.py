@@ -21,6 +21,7 @@ DTYPES = {
 
 
 DEFAULT_MAX_SEQ_LEN = 4096
+WEIGHTS = ("bf16", "w12")
 
 
 @dataclass
@@ -40,6 +41,8 @@ class EngineOptions:
     cuda_graphs : capture decode/draft/verify steps on CUDA over ``graph_batch_sizes``.
     prefill_chunk : prompt tokens per prefill forward (bounds activation memory).
     compile : torch.compile the CUDA-graph-captured steps (fuses small ops; costs start-up time).
+    weights / draft_weights : "bf16" (stock) or "w12" (lossless 12-bit weights decoded in the GEMM; needs
+        bfloat16, which "auto" dtype then picks on the CPU too).
     """
 
     model: str | None = None
@@ -56,12 +59,20 @@ class EngineOptions:
     graph_batch_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64))
     prefill_chunk: int = 512
     compile: bool = False
+    weights: str = "bf16"
+    draft_weights: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        for w in (self.weights, self.draft_weights):
+            if w not in WEIGHTS:
+                raise ValueError(f"unknown weights {w!r}; choose from {', '.join(WEIGHTS)}")
+        w12 = "w12" in (self.weights, self.draft_weights)
         if self.dtype == "auto":
-            self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+            self.dtype = "bfloat16" if self.device.startswith("cuda") or w12 else "float32"
+        if w12 and DTYPES.get(self.dtype) != torch.bfloat16:
+            raise ValueError(f"weights='w12' is a bfloat16 format; dtype {self.dtype!r} cannot hold it")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         if not 1 <= self.num_speculative_tokens <= 32:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..config import EngineOptions
 from ..models.build import build_model
 from ..models.llama import Transformer
+from ..models.w12_weights import to_w12
 
 
 def _read(spec: str | None, options: EngineOptions):
@@ -21,14 +22,15 @@ def _read(spec: str | None, options: EngineOptions):
     return load_model_files(spec or default_model_path())
 
 
-def _build(read, options: EngineOptions, seed: int) -> Transformer:
+def _build(read, options: EngineOptions, seed: int, weights: str) -> Transformer:
     from .engine import scratch_slots
 
     cfg, state_dict, _ = read
     n_pos = options.max_seq_len + scratch_slots(options)
     synthetic_seed = seed if state_dict is None else None
-    return build_model(cfg, device=options.device, dtype=options.torch_dtype, state_dict=state_dict,
-                       synthetic_seed=synthetic_seed, max_positions=n_pos)
+    model = build_model(cfg, device=options.device, dtype=options.torch_dtype, state_dict=state_dict,
+                        synthetic_seed=synthetic_seed, max_positions=n_pos)
+    return to_w12(model) if weights == "w12" else model
 
 
 def load_engine_models(options: EngineOptions) -> tuple[Transformer, Transformer | None, object, EngineOptions]:
@@ -38,11 +40,11 @@ def load_engine_models(options: EngineOptions) -> tuple[Transformer, Transformer
     """
     read = _read(options.model, options)
     options = options.resolved(read[0].max_position_embeddings)
-    target, tokenizer = _build(read, options, options.seed), read[2]
+    target, tokenizer = _build(read, options, options.seed, options.weights), read[2]
     draft = None
     if options.draft is not None:
         draft_read = _read(options.draft, options)
-        draft, draft_tok = _build(draft_read, options, options.seed + 1), draft_read[2]
+        draft, draft_tok = _build(draft_read, options, options.seed + 1, options.draft_weights), draft_read[2]
         if draft_tok.fingerprint != tokenizer.fingerprint:
             raise ValueError(
                 f"draft and target tokenizers differ ({options.draft!r} vs {options.model!r}); "

@@ -1,0 +1,37 @@
+"""Swap a decoder's BF16 projections for W12 ones (lossless 12-bit weights, decoded inside the GEMM)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .llama import Transformer
+
+
+def to_w12(model: Transformer) -> Transformer:
+    """Replace every projection (qkv, o, gate/up, down) and the LM head with ``w12.linear.W12Linear``.
+
+    The weights must be BF16; decode(encode(w)) is bit-exact, so on the CPU reference path the model's
+    outputs are bit-identical to the BF16 model's. A tied LM head gets its own W12 copy of the embedding
+    (the embedding lookup keeps the BF16 table). Returns the same model, modified in place.
+    """
+    from w12.linear import W12Linear
+
+    if model.embed.weight.dtype != torch.bfloat16:
+        raise ValueError(f"W12 weights need a bfloat16 model, got {model.embed.weight.dtype}")
+
+    def swap(parent: nn.Module, name: str) -> None:
+        setattr(parent, name, W12Linear.from_linear(getattr(parent, name)))
+
+    for layer in model.layers:
+        swap(layer.attn, "wqkv")
+        swap(layer.attn, "wo")
+        swap(layer.mlp, "w13")
+        swap(layer.mlp, "w2")
+    head = model.lm_head
+    if model.cfg.tie_word_embeddings:
+        head = nn.Linear(model.cfg.hidden_size, model.cfg.vocab_size, bias=False, device=head.weight.device,
+                         dtype=head.weight.dtype)
+        head.weight = nn.Parameter(model.embed.weight.detach(), requires_grad=False)
+    model.lm_head = W12Linear.from_linear(head)
+    return model

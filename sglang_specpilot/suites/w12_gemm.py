@@ -1,0 +1,300 @@
+"""W12 GEMM suite (one GPU): the exact-weight W12 GEMM and its 8-bit view against cuBLAS BF16.
+
+Every projection of Llama-3.1-8B, Qwen3-8B and Llama-3.2-1B (qkv, o, gate_up, down, lm_head; shapes from
+``models.presets``), M = 1 .. 64 activation rows, synthetic N(0, 0.02) BF16 weights with ~0.01% exact
+zeros and ~0.01% outliers (1e3) so that escapes are exercised, encoded by ``w12.codec.encode``. Variants,
+timed interleaved (``harness.timing.paired_timing``, ABC CBA blocks, CUDA events):
+
+* ``cublas``: ``torch.matmul(x, W.t())`` in BF16 (cuBLAS);
+* ``w12``: ``w12.kernels.w12_gemm`` (exact weights, decoded in registers);
+* ``view8``: ``w12.kernels.w12_view8_gemm`` (hi plane only, the approximate pass).
+
+Each variant is one CUDA graph that runs the GEMM once per weight copy; there are enough copies that a
+replay reads more than twice the 60 MB L2 (``--rotate-mb``), so no call finds its weights in cache. Per-call
+time = graph time / copies. Rows report time, speedup over cuBLAS with its confidence interval, and the
+achieved bandwidth (weight bytes + x + y over time: 1.5 B/weight for W12, 1 for the view, 2 for BF16).
+Before timing, each shape's output is checked against decode-then-matmul in fp32 at the stated tolerance
+(``gemm_tolerance``); ``w12_gemm_outside_tolerance`` counts failures (must be 0).
+
+``--tune`` (through ``benchmarks/w12_gemm.py``) instead times ``config.candidates`` per shape and M bucket
+and writes the fastest to ``w12/kernels/tuned/<gpu>.json``, which the launchers then use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import zlib
+
+import torch
+
+from ..harness.bench import register_suite
+from ..models.presets import preset_config
+
+PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
+DEFAULT_MODELS = "llama-3.1-8b,qwen3-8b,llama-3.2-1b"
+DEFAULT_MS = "1,2,4,8,16,32,64"
+SHORT = {"llama-3.1-8b": "llama8b", "qwen3-8b": "qwen8b", "llama-3.2-1b": "llama1b"}
+MAX_COPIES = 64
+# Where _time_shape runs: always the GPU in the suite; the tests set "cpu" for a dry run of the bookkeeping
+# (wall clock, no graphs, the reference GEMMs).
+DEVICE = "cuda"
+
+
+def projection_shapes(preset: str) -> dict[str, tuple[int, int]]:
+    """(K, N) of every projection of a preset: y[M, N] = x[M, K] @ W[N, K]^T; qkv and gate_up fused."""
+    cfg = preset_config(preset)
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return {
+        "qkv": (h, cfg.q_size + 2 * cfg.kv_size),
+        "o": (cfg.q_size, h),
+        "gate_up": (h, 2 * i),
+        "down": (i, h),
+        "lm_head": (h, cfg.vocab_size),
+    }
+
+
+def copies_for(bytes_per_copy: int, rotate_bytes: int) -> int:
+    """Weight copies a graph cycles through so that one replay reads at least ``rotate_bytes``."""
+    return max(1, min(MAX_COPIES, math.ceil(rotate_bytes / max(bytes_per_copy, 1))))
+
+
+def short_name(preset: str) -> str:
+    return SHORT.get(preset, preset.replace("-", "").replace(".", ""))
+
+
+def geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+    """Metrics from the rows: speedup geomean per (model, M), min at M = 1, view8 and bandwidth summaries."""
+    metrics: dict[str, float] = {}
+    models = sorted({r["model"] for r in rows})
+    for model in models:
+        short = short_name(model)
+        for M in sorted({r["M"] for r in rows if r["model"] == model}):
+            sel = [r for r in rows if r["model"] == model and r["M"] == M]
+            metrics[f"gemm_speedup_geomean_m{M}_{short}"] = round(geomean(r["speedup"] for r in sel), 4)
+            if M == 1:
+                metrics[f"gemm_speedup_min_m1_{short}"] = round(min(r["speedup"] for r in sel), 4)
+            if all("view8_speedup" in r for r in sel) and M in (1, 32):
+                metrics[f"view8_speedup_geomean_m{M}_{short}"] = round(
+                    geomean(r["view8_speedup"] for r in sel), 4
+                )
+            if all("w12_TBps" in r for r in sel) and M == 1:
+                metrics[f"w12_TBps_geomean_m1_{short}"] = round(geomean(r["w12_TBps"] for r in sel), 3)
+    return metrics
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default=DEFAULT_MODELS, help="comma list of presets")
+    p.add_argument("--ms", default=DEFAULT_MS, help="comma list of activation rows M")
+    p.add_argument("--projections", default=",".join(PROJECTIONS))
+    p.add_argument("--blocks", type=int, default=20)
+    p.add_argument("--inner", type=int, default=3, help="graph replays per sample (each replay: all copies)")
+    p.add_argument("--rotate-mb", type=int, default=128, help="bytes one replay reads, past the 60 MB L2")
+    p.add_argument("--no-view8", action="store_true", help="time only cublas and w12")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def synthetic_weight(K: int, N: int, seed: int) -> torch.Tensor:
+    """N(0, 0.02) BF16 [N, K] on the GPU with ~0.01% zeros and ~0.01% 1e3 outliers (escapes)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    w = (torch.randn(N, K, generator=gen, device=DEVICE) * 0.02).to(torch.bfloat16)
+    pick = torch.randint(0, N * K, (max(2, N * K // 5000),), generator=gen, device=DEVICE)
+    flat = w.view(-1)
+    flat[pick[0::2]] = 0.0
+    flat[pick[1::2]] = 1e3
+    return w
+
+
+def _clone_w12(w):
+    from w12.format import W12Tensor
+
+    return W12Tensor(*(t.clone() for t in (w.hi, w.lo, w.base, w.esc_idx, w.esc_val)), w.shape)
+
+
+def _over_copies(fn, x, copies, **kwargs):
+    """One call of ``fn(x, copy, **kwargs)`` per weight copy: the body of one timed CUDA graph."""
+    return lambda: [fn(x, c, **kwargs) for c in copies]
+
+
+def _check(x, w) -> dict:
+    """Elements outside the stated tolerance for the exact and the view8 GEMM (0 and 0 expected)."""
+    from w12.kernels import gemm_tolerance, w12_gemm, w12_gemm_ref, w12_view8_gemm, w12_view8_gemm_ref
+
+    out = {}
+    for name, fn, ref_fn, view8 in (
+        ("w12", w12_gemm, w12_gemm_ref, False),
+        ("view8", w12_view8_gemm, w12_view8_gemm_ref, True),
+    ):
+        ref = ref_fn(x, w, out_dtype=torch.float32)
+        err = (fn(x, w).float() - ref).abs()
+        tol = gemm_tolerance(x, w, ref, view8=view8)
+        out[f"{name}_outside_tolerance"] = int((~(err <= tol)).sum())
+        out[f"{name}_max_err_over_tol"] = float((err / tol).max())
+    return out
+
+
+def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> list[dict]:
+    """Rows of one projection at every M: cuBLAS, W12 and (unless --no-view8) the 8-bit view."""
+    from w12.codec import encode
+    from w12.kernels import escape_row_ptr, w12_gemm, w12_view8_gemm
+
+    from ..harness.graphs import graph_replay
+    from ..harness.timing import paired_timing
+
+    on_gpu = DEVICE == "cuda"
+    replay = graph_replay if on_gpu else (lambda fn: fn)
+    w_bf16 = synthetic_weight(K, N, args.seed + zlib.crc32(f"{model}.{proj}".encode()) % 1000)
+    t0 = time.perf_counter()
+    w = encode(w_bf16)
+    if on_gpu:
+        torch.cuda.synchronize()
+    encode_s = time.perf_counter() - t0
+    w12_bytes, view8_bytes, bf16_bytes = w.nbytes(), N * K + N, 2 * N * K
+    copies = copies_for(w12_bytes if args.no_view8 else view8_bytes, args.rotate_mb << 20)
+    w12s = [w] + [_clone_w12(w) for _ in range(copies - 1)]
+    bf16s = [w_bf16] + [w_bf16.clone() for _ in range(copies - 1)]
+    # The row pointer is the same for every copy (same escapes); one split-K counter buffer serves all calls
+    # of a graph (they run one after another on one stream).
+    row_ptr = escape_row_ptr(w)
+    counters = torch.zeros(1024, dtype=torch.int32, device=DEVICE)
+    check = _check(torch.randn(max(Ms), K, device=DEVICE).to(torch.bfloat16), w)
+    rows = []
+    for M in Ms:
+        x = torch.randn(M, K, device=DEVICE).to(torch.bfloat16)
+        act = 2 * (M * K + M * N)
+        variants = {
+            "cublas": replay(_over_copies(lambda a, b: torch.matmul(a, b.t()), x, bf16s)),
+            "w12": replay(_over_copies(w12_gemm, x, w12s, esc_row_ptr=row_ptr, counters=counters)),
+        }
+        if not args.no_view8:
+            variants["view8"] = replay(_over_copies(w12_view8_gemm, x, w12s, counters=counters))
+        times = paired_timing(variants, blocks=args.blocks, inner=args.inner, device=DEVICE)
+        us = {name: times.median(name) / copies * 1e6 for name in variants}
+        ci = times.ratio("cublas", "w12")
+        row = {
+            "case": f"{model}.{proj}.m{M}",
+            "model": model,
+            "proj": proj,
+            "K": K,
+            "N": N,
+            "M": M,
+            "weights": "synthetic",
+            "copies": copies,
+            "escape_rate": w.esc_idx.numel() / (N * K),
+            "w12_bits_per_weight": 8 * w12_bytes / (N * K),
+            "cublas_us": us["cublas"],
+            "w12_us": us["w12"],
+            "speedup": ci.ratio,
+            "speedup_ci": ci.to_dict(),
+            "cublas_TBps": (bf16_bytes + act) / us["cublas"] / 1e6,
+            "w12_TBps": (w12_bytes + act) / us["w12"] / 1e6,
+            "encode_s": encode_s,
+            **check,
+        }
+        line = f"{model:>13} {proj:>8} M={M:<3} cublas {us['cublas']:8.1f} us  w12 {us['w12']:8.1f} us"
+        line += f" ({ci.ratio:.3f}x, {row['w12_TBps']:.2f} TB/s)"
+        if "view8" in us:
+            row["view8_us"] = us["view8"]
+            row["view8_speedup"] = times.ratio("cublas", "view8").ratio
+            row["view8_TBps"] = (view8_bytes + act) / us["view8"] / 1e6
+            line += f"  view8 {us['view8']:8.1f} us ({row['view8_speedup']:.3f}x)"
+        print(line, flush=True)
+        rows.append(row)
+    return rows
+
+
+@register_suite("w12_gemm", add_args=_args)
+def w12_gemm(args: argparse.Namespace) -> dict:
+    """W12 exact GEMM and 8-bit view vs cuBLAS BF16 on Llama-3.1-8B / Qwen3-8B / Llama-3.2-1B projections."""
+    if not torch.cuda.is_available():
+        raise SystemExit("the w12_gemm suite needs a CUDA GPU")
+    from ..harness.roofline import measure_peaks
+
+    Ms = [int(m) for m in args.ms.split(",")]
+    projections = args.projections.split(",")
+    rows: list[dict] = []
+    for model in args.models.split(","):
+        for proj, (K, N) in projection_shapes(model).items():
+            if proj in projections:
+                rows += _time_shape(model, proj, K, N, Ms, args)
+                torch.cuda.empty_cache()
+    metrics = summarize(rows)
+    outside = sum(r["w12_outside_tolerance"] + r["view8_outside_tolerance"] for r in rows)
+    metrics["w12_gemm_outside_tolerance"] = outside
+    return {"metrics": metrics, "rows": rows, "peaks": measure_peaks().to_dict(), "weights": "synthetic"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Offline tuning of the launch configs (benchmarks/w12_gemm.py --tune)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _tune_one(fn, ref_fn, x, w, copies, view8: bool, num_sms: int, iters: int, log: list) -> tuple | None:
+    """(fastest config, its us per call) among the candidates for x's M, or None if none ran correctly."""
+    from w12.kernels import gemm_tolerance
+    from w12.kernels.config import candidates, with_split
+
+    from ..harness.graphs import graph_replay
+    from .common import cuda_times_ms, median
+
+    (M, K), N = x.shape, w.shape[0]
+    ref = ref_fn(x, w, out_dtype=torch.float32)
+    tol = gemm_tolerance(x, w, ref, view8=view8)
+    counters = torch.zeros(1024, dtype=torch.int32, device="cuda")
+    trials: list[tuple] = []
+    for cand in candidates(M):
+        for split in (None, 1):  # the heuristic's split, and none
+            cfg = with_split(cand, M, N, K, split, num_sms)
+            if any(cfg == c for c, _ in trials):
+                continue
+            entry = {"K": K, "N": N, "M": M, "view8": view8, "config": cfg.to_dict()}
+            try:
+                if not bool(((fn(x, w, config=cfg).float() - ref).abs() <= tol).all()):
+                    log.append({**entry, "error": "outside tolerance"})
+                    continue
+                replay = graph_replay(_over_copies(fn, x, copies, config=cfg, counters=counters))
+                us = median(cuda_times_ms(replay, iters)) * 1e3 / len(copies)
+            except Exception as exc:  # a config that does not fit here (shared memory, registers)
+                log.append({**entry, "error": repr(exc)[:300]})
+                continue
+            log.append({**entry, "us": us})
+            trials.append((cfg, us))
+    return min(trials, key=lambda t: t[1]) if trials else None
+
+
+def tune(
+    models: list[str], Ms: list[int], *, rotate_mb: int = 128, iters: int = 30, view8: bool = True
+) -> dict:
+    """Time ``config.candidates`` per shape and M bucket; the fastest go to ``w12/kernels/tuned/<gpu>.json``.
+
+    Returns ``{"configs": {key: config}, "log": [every config tried, with its time or error]}``.
+    """
+    from w12.codec import encode
+    from w12.kernels import w12_gemm, w12_gemm_ref, w12_view8_gemm, w12_view8_gemm_ref
+    from w12.kernels.config import m_bucket, save_tuned, table_key
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kinds = [(False, w12_gemm, w12_gemm_ref)] + (
+        [(True, w12_view8_gemm, w12_view8_gemm_ref)] if view8 else []
+    )
+    best, log = {}, []
+    for K, N in sorted({kn for m in models for kn in projection_shapes(m).values()}):
+        w = encode(synthetic_weight(K, N, 0))
+        copies = [w] + [_clone_w12(w) for _ in range(copies_for(N * K, rotate_mb << 20) - 1)]
+        for M in sorted({m_bucket(m) for m in Ms}):
+            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+            for is_view8, fn, ref_fn in kinds:
+                found = _tune_one(fn, ref_fn, x, w, copies, is_view8, num_sms, iters, log)
+                if found is not None:
+                    best[table_key(M, N, K, is_view8)] = found[0]
+                    kind = "view8" if is_view8 else "exact"
+                    print(f"K={K:<6} N={N:<7} M={M:<3} {kind}: {found[1]:8.1f} us  {found[0]}", flush=True)
+        torch.cuda.empty_cache()
+    print(save_tuned(torch.cuda.get_device_name(), best, extra={"tuned_on": torch.cuda.get_device_name()}))
+    return {"configs": {k: c.to_dict() for k, c in best.items()}, "log": log}

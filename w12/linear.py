@@ -1,0 +1,102 @@
+"""``W12Linear``: a drop-in ``nn.Linear`` whose weight lives as W12 planes and is decoded in the GEMM.
+
+The engine swaps its BF16 ``nn.Linear`` modules for these (``W12Linear.from_linear``). ``forward`` is the
+exact GEMM (``w12.kernels.w12_gemm``): on CUDA, and on CPU tensors when TRITON_INTERPRET=1 was set before
+triton was imported; on a plain CPU it is the reference, ``F.linear(x, decode_reference(W), bias)``.
+``forward_view8`` is the cheap pass of two-level verification: the same shapes from the hi plane alone.
+
+Capture-friendly: the escape row pointer and the split-K counters are buffers made once, the launchers read
+no tensor values on the host, and the GEMM is a ``torch.library.triton_op`` that ``torch.compile`` traces.
+The planes, base, escapes and bias are persistent buffers (they are the state dict); the row pointer and
+the counters are derived, non-persistent ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from w12.format import W12Tensor, decode_reference, decode_view8_reference
+from w12.kernels import INTERPRETED, escape_row_ptr, w12_gemm, w12_view8_gemm
+from w12.kernels.gemm import COUNTER_SLOTS
+
+
+class W12Linear(nn.Module):
+    """``y = x @ W^T + bias`` with W [out_features, in_features] stored as a W12 record.
+
+    Parameters
+    ----------
+    weight : W12Tensor [N, K]; its tensors become this module's buffers (on their device)
+    bias : [N] tensor or None; kept as given (bf16 for a converted bf16 ``nn.Linear``)
+    """
+
+    def __init__(self, weight: W12Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        N, K = (int(s) for s in weight.shape)
+        self.in_features, self.out_features = K, N
+        self.register_buffer("hi", weight.hi)
+        self.register_buffer("lo", weight.lo)
+        self.register_buffer("base", weight.base)
+        self.register_buffer("esc_idx", weight.esc_idx)
+        self.register_buffer("esc_val", weight.esc_val)
+        self.register_buffer("bias", bias)
+        self.register_buffer("esc_row_ptr", escape_row_ptr(weight), persistent=False)
+        # Split-K tiles (< 2 programs per SM) of one launch; left at 0 by every launch.
+        self.register_buffer(
+            "counters",
+            torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=weight.hi.device),
+            persistent=False,
+        )
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> W12Linear:
+        """Encode a BF16 ``nn.Linear`` losslessly (``w12.codec.encode``); the bias is kept as it is."""
+        from w12.codec import encode  # the codec is only needed to convert
+
+        if linear.weight.dtype != torch.bfloat16:
+            raise TypeError(f"W12Linear.from_linear needs a bfloat16 weight, got {linear.weight.dtype}")
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(encode(linear.weight.detach()), bias)
+
+    @property
+    def weight_w12(self) -> W12Tensor:
+        """The record as a ``W12Tensor`` view of the buffers (no copy)."""
+        return W12Tensor(
+            self.hi, self.lo, self.base, self.esc_idx, self.esc_val, (self.out_features, self.in_features)
+        )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The escape count is part of the record: take the loaded escapes' shape, re-derive the row pointer.
+        for name in ("esc_idx", "esc_val"):
+            if prefix + name in state_dict:
+                setattr(self, name, torch.empty_like(state_dict[prefix + name], device=self.hi.device))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.esc_row_ptr = escape_row_ptr(self.weight_w12)
+
+    def _kernel_here(self, x: torch.Tensor) -> bool:
+        return x.is_cuda or INTERPRETED
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Exact: ``x [..., K]`` (bf16 for the kernel) -> ``[..., N]``."""
+        w = self.weight_w12
+        if self._kernel_here(x):
+            return w12_gemm(x, w, self.bias, esc_row_ptr=self.esc_row_ptr, counters=self.counters)
+        return F.linear(
+            x, decode_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+        )
+
+    def forward_view8(self, x: torch.Tensor) -> torch.Tensor:
+        """Approximate (8-bit view: hi plane only, escapes ignored): ``x [..., K]`` -> ``[..., N]``."""
+        w = self.weight_w12
+        if self._kernel_here(x):
+            return w12_view8_gemm(x, w, self.bias, counters=self.counters)
+        return F.linear(
+            x, decode_view8_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, escapes={self.esc_idx.numel()}"
+        )
