@@ -28,3 +28,20 @@ def test_w12_options_validate():
         EngineOptions(weights="w12", device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="unknown weights"):
         EngineOptions(weights="w8")
+
+
+def test_converted_w12_folder_loads_bit_exact(tmp_path):
+    from sglang_specpilot.models.loader import load_model_files
+    from sglang_specpilot.models.presets import preset_config, synthetic_state_dict
+    from sglang_specpilot.models.safetensors_loader import save_safetensors_folder
+    from sglang_specpilot.models.tokenizer import Tokenizer
+    from w12.convert import convert
+
+    cfg = preset_config("tiny-llama")
+    sd = synthetic_state_dict(cfg, dtype=torch.bfloat16, std=0.1)
+    save_safetensors_folder(tmp_path / "src", cfg, sd, tokenizer=Tokenizer.synthetic(cfg.vocab_size))
+    convert(tmp_path / "src", tmp_path / "dst", verify=True, progress=False)
+    cfg2, sd2, _ = load_model_files(tmp_path / "dst")
+    assert cfg2.num_layers == cfg.num_layers and set(sd2) >= set(sd)
+    for name, t in sd.items():
+        assert torch.equal(sd2[name].view(torch.int16), t.view(torch.int16)), name

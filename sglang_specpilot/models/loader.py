@@ -32,10 +32,31 @@ def load_model_files(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Ten
     if path.is_file():
         config, state_dict, metadata = load_gguf(path)
         return config, state_dict, Tokenizer.from_gguf_metadata(metadata)
+    if path.is_dir() and any(path.glob("*.w12.safetensors")):
+        return _load_w12_folder(path)
     if path.is_dir():
         config, state_dict, _ = load_safetensors_folder(path)
         return config, state_dict, Tokenizer.from_folder(path)
     raise CheckpointError(f"{path}: no such file or folder (expected a .gguf file or a Hugging Face folder)")
+
+
+def _load_w12_folder(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """A folder written by ``specpilot w12 convert``: every tensor's hash is checked, and the W12 records
+    decode to the exact BF16 weights (run with ``weights="w12"`` to keep them 12-bit in memory)."""
+    import json
+
+    from w12 import W12FormatError, W12Tensor, decode, load_w12_folder
+
+    try:
+        tensors, _ = load_w12_folder(path, verify_hashes=True)
+    except W12FormatError as e:
+        raise CheckpointError(f"{path}: corrupt W12 checkpoint: {e}") from e
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{path}: W12 checkpoint has no config.json")
+    config = ModelConfig.from_hf(json.loads(config_file.read_text(encoding="utf-8")))
+    state_dict = {n: decode(t) if isinstance(t, W12Tensor) else t for n, t in tensors.items()}
+    return config, state_dict, Tokenizer.from_folder(path)
 
 
 def default_model_path() -> Path:
