@@ -28,7 +28,7 @@ of b are the exponent offset, 2..0 the top mantissa bits). On a whole quad, per 
 On the GPU this is inline PTX (``tl.inline_asm_elementwise``, two quads per asm block): 23 instructions
 per 8 weights (~2.9 per weight; ptxas keeps them as PRMT / SHF / LOP3 with immediates / IADD). The
 interpreter cannot run inline asm, so ``USE_ASM=False`` selects the same formulas in plain ``tl`` integer
-ops (also the fallback if the asm ever misbehaves on a GPU: ``W12_NO_ASM=1``). The tests run the PTX text
+ops (also the fallback if the asm ever misbehaves on a GPU: pass ``use_asm=False``). The tests run the PTX text
 through a small emulator of its instructions and the ``tl`` path in the interpreter, and build both for
 sm_90 with ptxas; the generated PTX passes the asm one 16-byte-load register per pack, element 0 in the
 low half, as the emulator assumes.
@@ -46,8 +46,6 @@ then a small decode-to-memory kernel ``w12_decode`` (a debugging aid, and the wa
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -127,8 +125,6 @@ add.u32 $3, x, $7;
 _EXACT_PTX = tl.constexpr(EXACT_PTX)
 _VIEW8_PTX = tl.constexpr(VIEW8_PTX)
 
-# A safety valve for the first GPU run: the asm was checked by emulation only (see the tests).
-ASM_DISABLED = os.environ.get("W12_NO_ASM", "0") == "1"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -334,7 +330,9 @@ def _w12_decode_kernel(
 
 # TRITON_INTERPRET=1 counts only if it was set before triton was imported, so ask a kernel.
 INTERPRETED = isinstance(_w12_decode_kernel, InterpretedFunction)
-USE_ASM = not INTERPRETED and not ASM_DISABLED
+# Inline PTX wherever it can run. The asm was checked by emulation only so far: a first GPU run should
+# compare it with the plain-tl decode by passing ``use_asm=False`` to the launchers (tests do).
+USE_ASM = not INTERPRETED
 
 
 def launchable(kernel):
