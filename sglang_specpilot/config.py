@@ -41,6 +41,7 @@ class EngineOptions:
     cuda_graphs : capture decode/draft/verify steps on CUDA over ``graph_batch_sizes``.
     prefill_chunk : prompt tokens per prefill forward (bounds activation memory).
     compile : torch.compile the CUDA-graph-captured steps (fuses small ops; costs start-up time).
+    ngram_size : with no draft model, draft by prompt lookup with n-grams of up to this size (0 = off).
     weights / draft_weights : "bf16" (stock) or "w12" (lossless 12-bit weights decoded in the GEMM; needs
         bfloat16, which "auto" dtype then picks on the CPU too).
     """
@@ -59,6 +60,7 @@ class EngineOptions:
     graph_batch_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64))
     prefill_chunk: int = 512
     compile: bool = False
+    ngram_size: int = 0
     weights: str = "bf16"
     draft_weights: str = "bf16"
 
@@ -77,6 +79,8 @@ class EngineOptions:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError(f"num_speculative_tokens must be in 1..32, got {self.num_speculative_tokens}")
+        if self.ngram_size < 0:
+            raise ValueError("ngram_size must be >= 0")
         if self.draft_layers < 0:
             raise ValueError("draft_layers must be >= 0")
         if (self.max_seq_len is not None and self.max_seq_len < 8) or self.max_batch_size < 1 or self.prefill_chunk < 1:
@@ -95,4 +99,4 @@ class EngineOptions:
 
     @property
     def speculative(self) -> bool:
-        return self.draft is not None or self.draft_layers > 0
+        return self.draft is not None or self.draft_layers > 0 or self.ngram_size > 0

@@ -24,6 +24,7 @@ import torch
 from ..config import EngineOptions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
+from .ngram import ngram_draft
 from .request import GenerationResult, Request, RequestError, StreamEvent
 from .runner import ModelRunner
 from .sampling import BatchSampling, SamplingParams, next_tokens, probs_from_logits, sample_from_probs
@@ -55,7 +56,8 @@ class Engine:
                                  "(build_model(max_positions=...) >= max_seq_len + scratch)")
         if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
-        self.gamma = options.num_speculative_tokens if draft is not None else 0
+        self.ngram = options.ngram_size if draft is None else 0
+        self.gamma = options.num_speculative_tokens if draft is not None or self.ngram else 0
         kw = dict(
             cuda_graphs=options.cuda_graphs,
             graph_batch_sizes=options.graph_batch_sizes,
@@ -79,10 +81,11 @@ class Engine:
 
     def warmup(self) -> None:
         """Capture every CUDA graph the engine can use (no-op on CPU)."""
-        if self.draft_runner is None:
+        if not self.gamma:
             self.target_runner.capture((1,))
         else:
             self.target_runner.capture((self.gamma + 1,))
+        if self.draft_runner is not None:
             self.draft_runner.capture((1, 2))
 
     # ---- requests ------------------------------------------------------------------------------
@@ -181,7 +184,7 @@ class Engine:
                     n_finished = sum(r.finished for r in reqs)
                     active = torch.tensor([not r.finished for r in reqs], device=dev)
                 hint = max(host_len) + lag
-                if self.draft_runner is None:
+                if not self.gamma:
                     new, n_acc = self._ar_step(history, seq_len, next_tok, bs, hint)
                     next_tok = new[:, -1]
                 else:
@@ -232,6 +235,12 @@ class Engine:
 
     def _draft(self, history, seq_len, next_tok, bs, max_len):
         """gamma draft tokens [B, gamma] (and their proposal distributions when sampling)."""
+        if self.ngram:
+            draft = ngram_draft(history, seq_len, next_tok, self.ngram, self.gamma)
+            if bs.all_greedy:
+                return draft, None
+            one_hot = torch.zeros(*draft.shape, self.target.cfg.vocab_size, device=draft.device)
+            return draft, one_hot.scatter_(-1, draft[..., None], 1.0)
         g, dr = self.gamma, self.draft_runner
         prev = history.gather(1, (seq_len - 1)[:, None])
         block = torch.cat([prev, next_tok[:, None]], 1)

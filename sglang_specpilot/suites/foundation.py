@@ -77,6 +77,23 @@ def _smollm2(args, out):
     a = [r.token_ids for r in ar.generate(check, p64)]
     s = [r.token_ids for r in spec.generate(check, p64)]
     out["metrics"]["smollm2_spec_vs_ar_mismatched_prompts"] = sum(x != y for x, y in zip(a, s, strict=True))
+    # Prompt lookup (the CLI's default drafter): tokens/s at batch 1 and equality with AR.
+    ng = Engine(target, tok, EngineOptions(**{**opts.__dict__, "ngram_size": 3}))
+    ng.warmup()
+    res = [ng.generate([p], params)[0] for _ in range(args.repeats) for p in prompts]
+    out["rows"].append(
+        {
+            "case": "smollm2.ngram.bs1",
+            "draft": "prompt lookup, n <= 3",
+            "gamma": ng.gamma,
+            "tokens_per_s": [r.tokens_per_s for r in res],
+            "mean_accepted": [r.mean_accepted for r in res],
+        }
+    )
+    out["metrics"]["smollm2_ngram_tok_s_bs1"] = round(median([r.tokens_per_s for r in res]), 1)
+    out["metrics"]["smollm2_ngram_mean_accepted"] = round(median([r.mean_accepted for r in res]), 3)
+    g = [r.token_ids for r in ng.generate(check, p64)]
+    out["metrics"]["smollm2_ngram_vs_ar_mismatched_prompts"] = sum(x != y for x, y in zip(a, g, strict=True))
     # Token forcing (teacher-forced stock target, prefill kernels): stock AR's own graph-decoded tokens
     # against spec's, judged by the harness's rule.
     from ..harness.token_forcing import compare_forcing, token_forcing
