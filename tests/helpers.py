@@ -45,3 +45,21 @@ def engine(target, draft=None, gamma: int = 4, max_batch: int = 8, max_seq: int 
 def prompts(lengths, vocab: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def run_kernel_cases_in_interpreter(test_file: str, keyword: str) -> None:
+    """Run ``test_file``'s kernel cases in a child pytest with TRITON_INTERPRET=1.
+
+    The interpreter must be switched on before triton is first imported, and by the time a kernel test
+    module runs, other modules have imported it; a child process starts clean. Fails if any case fails
+    or is skipped there.
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", keyword, test_file]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    assert "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]

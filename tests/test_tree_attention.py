@@ -13,12 +13,10 @@ does not.
 """
 
 import importlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import run_kernel_cases_in_interpreter
 
 from sglang_specpilot.kernels.tree_attention import (
     INTERPRETED,
@@ -207,21 +205,7 @@ def test_kernel_scale_and_int32_seq_len():
 def test_kernel_cases_in_interpreter():
     if KERNEL_HERE:
         pytest.skip("the kernel cases ran in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "kernel and not interpreter",
-        __file__,
-    ]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    assert "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+    run_kernel_cases_in_interpreter(__file__, "kernel and not interpreter")
 
 
 # ---------------------------------------------------------------------------------------------------------

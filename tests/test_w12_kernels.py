@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 import torch
 import triton
+from helpers import run_kernel_cases_in_interpreter
 
 from w12.codec import encode
 from w12.format import W12Tensor, decode_reference, decode_view8_reference
@@ -658,21 +658,7 @@ def test_kernel_no_escapes_leading_dims_strided_x():
 def test_kernel_cases_in_interpreter():
     if KERNEL_HERE:
         pytest.skip("the kernel cases ran in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "test_kernel_ and not interpreter",  # not "kernel": the module name has it
-        __file__,
-    ]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    assert "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+    run_kernel_cases_in_interpreter(__file__, "test_kernel_ and not interpreter")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,12 +7,9 @@ On a plain CPU ``forward`` is ``F.linear`` on the exactly decoded weight, so it 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from helpers import run_kernel_cases_in_interpreter
 from torch import nn
 
 from w12.codec import encode
@@ -95,20 +92,7 @@ def test_kernel_forward_matches_reference(M):
 def test_kernel_cases_in_interpreter():
     if KERNEL_HERE:
         pytest.skip("the kernel cases ran in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "test_kernel_ and not interpreter",
-    ]
-    res = subprocess.run([*cmd, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    assert "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+    run_kernel_cases_in_interpreter(__file__, "test_kernel_ and not interpreter")
 
 
 @pytest.mark.gpu
