@@ -97,22 +97,6 @@ def to_bf16(t: torch.Tensor, name: str, exact: bool) -> tuple[torch.Tensor, bool
     return b, not torch.equal(b.to(t.dtype), t)
 
 
-def _write_tokenizer(dst: Path, tokenizer) -> list[str]:
-    """A GGUF's tokenizer as HF files that ``Tokenizer.from_folder`` reads back to the same tokenizer."""
-    tokenizer.backend.save(str(dst / "tokenizer.json"))
-    tcfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": tokenizer.bos_token,
-        "eos_token": tokenizer.eos_token,
-        "chat_template": tokenizer.chat_template,
-        "clean_up_tokenization_spaces": False,
-    }
-    gcfg = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_ids}
-    (dst / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2) + "\n", encoding="utf-8")
-    (dst / "generation_config.json").write_text(json.dumps(gcfg, indent=2) + "\n", encoding="utf-8")
-    return ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
-
-
 def _gguf_source(path: Path) -> Source:
     from sglang_specpilot.models.loader import load_model_files
     from sglang_specpilot.models.safetensors_loader import config_to_hf
@@ -122,7 +106,7 @@ def _gguf_source(path: Path) -> Source:
     def side(dst: Path) -> list[str]:
         cfg = config_to_hf(config, torch.bfloat16)
         (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-        return ["config.json", *_write_tokenizer(dst, tokenizer)]
+        return ["config.json", *tokenizer.save(dst)]
 
     numel = {name: t.numel() for name, t in state_dict.items()}
     return Source(path, "gguf", numel, state_dict.__getitem__, side)

@@ -142,14 +142,4 @@ def save_safetensors_folder(
         json.dumps(config_to_hf(config, dtype), indent=2) + "\n", encoding="utf-8"
     )
     if tokenizer is not None:
-        tokenizer.backend.save(str(path / "tokenizer.json"))
-        tcfg = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": tokenizer.bos_token,
-            "eos_token": tokenizer.eos_token,
-            "chat_template": tokenizer.chat_template,
-            "clean_up_tokenization_spaces": False,
-        }
-        (path / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2) + "\n", encoding="utf-8")
-        gcfg = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_ids}
-        (path / "generation_config.json").write_text(json.dumps(gcfg, indent=2) + "\n", encoding="utf-8")
+        tokenizer.save(path)

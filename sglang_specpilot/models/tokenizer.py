@@ -276,6 +276,23 @@ class Tokenizer:
             chat_template=meta.get("tokenizer.chat_template"),
         )
 
+    def save(self, folder: str | Path) -> list[str]:
+        """Write tokenizer.json, tokenizer_config.json and generation_config.json into ``folder`` so that
+        ``Tokenizer.from_folder`` reads back an equal tokenizer; returns the file names written."""
+        folder = Path(folder)
+        self.backend.save(str(folder / "tokenizer.json"))
+        tcfg = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "chat_template": self.chat_template,
+            "clean_up_tokenization_spaces": False,
+        }
+        gcfg = {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_ids}
+        (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2) + "\n", encoding="utf-8")
+        (folder / "generation_config.json").write_text(json.dumps(gcfg, indent=2) + "\n", encoding="utf-8")
+        return ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+
     @classmethod
     def from_folder(cls, path: str | Path) -> Tokenizer:
         """Build from a Hugging Face folder: ``tokenizer.json`` (required), ``tokenizer_config.json``
