@@ -58,42 +58,25 @@ def _smollm2(args, out):
         out["rows"].append({"case": "smollm2.self_draft_sweep", "draft_layers": k, "gamma": 4, "mean_accepted": taus})
         out["metrics"][f"smollm2_self_draft{k}_mean_accepted"] = round(median(taus), 3)
 
-    # Chain speculative decoding with the default self-drafter, and the lossless check on the GPU (bf16).
+    # Chain speculative decoding with a self-drafter and with prompt lookup (the CLI's default): tokens/s at
+    # batch 1, acceptance, and equality with AR on the GPU (bf16).
     k = args.draft_layers or DEFAULT_DRAFT_LAYERS
     spec = Engine(target, tok, EngineOptions(**{**opts.__dict__, "draft_layers": k}), target.truncated(k))
-    spec.warmup()
-    res = [spec.generate([p], params)[0] for _ in range(args.repeats) for p in prompts]
-    out["rows"].append(
-        {
-            "case": "smollm2.spec.bs1",
-            "draft": f"self, first {k} layers",
-            "gamma": spec.gamma,
-            "tokens_per_s": [r.tokens_per_s for r in res],
-            "mean_accepted": [r.mean_accepted for r in res],
-        }
-    )
-    out["metrics"]["smollm2_spec_tok_s_bs1"] = round(median([r.tokens_per_s for r in res]), 1)
-    out["metrics"]["smollm2_spec_mean_accepted"] = round(median([r.mean_accepted for r in res]), 3)
-    a = [r.token_ids for r in ar.generate(check, p64)]
-    s = [r.token_ids for r in spec.generate(check, p64)]
-    out["metrics"]["smollm2_spec_vs_ar_mismatched_prompts"] = sum(x != y for x, y in zip(a, s, strict=True))
-    # Prompt lookup (the CLI's default drafter): tokens/s at batch 1 and equality with AR.
     ng = Engine(target, tok, EngineOptions(**{**opts.__dict__, "ngram_size": 3}))
-    ng.warmup()
-    res = [ng.generate([p], params)[0] for _ in range(args.repeats) for p in prompts]
-    out["rows"].append(
-        {
-            "case": "smollm2.ngram.bs1",
-            "draft": "prompt lookup, n <= 3",
-            "gamma": ng.gamma,
-            "tokens_per_s": [r.tokens_per_s for r in res],
-            "mean_accepted": [r.mean_accepted for r in res],
-        }
-    )
-    out["metrics"]["smollm2_ngram_tok_s_bs1"] = round(median([r.tokens_per_s for r in res]), 1)
-    out["metrics"]["smollm2_ngram_mean_accepted"] = round(median([r.mean_accepted for r in res]), 3)
-    g = [r.token_ids for r in ng.generate(check, p64)]
-    out["metrics"]["smollm2_ngram_vs_ar_mismatched_prompts"] = sum(x != y for x, y in zip(a, g, strict=True))
+    a = [r.token_ids for r in ar.generate(check, p64)]
+    outputs = {}
+    for name, eng, draft in (("spec", spec, f"self, first {k} layers"), ("ngram", ng, "prompt lookup, n <= 3")):
+        eng.warmup()
+        res = [eng.generate([p], params)[0] for _ in range(args.repeats) for p in prompts]
+        rates, taus = [r.tokens_per_s for r in res], [r.mean_accepted for r in res]
+        out["rows"].append({"case": f"smollm2.{name}.bs1", "draft": draft, "gamma": eng.gamma,
+                            "tokens_per_s": rates, "mean_accepted": taus})
+        out["metrics"][f"smollm2_{name}_tok_s_bs1"] = round(median(rates), 1)
+        out["metrics"][f"smollm2_{name}_mean_accepted"] = round(median(taus), 3)
+        outputs[name] = [r.token_ids for r in eng.generate(check, p64)]
+        mism = sum(x != y for x, y in zip(a, outputs[name], strict=True))
+        out["metrics"][f"smollm2_{name}_vs_ar_mismatched_prompts"] = mism
+    s = outputs["spec"]
     # Token forcing (teacher-forced stock target, prefill kernels): stock AR's own graph-decoded tokens
     # against spec's, judged by the harness's rule.
     from ..harness.token_forcing import compare_forcing, token_forcing
