@@ -277,7 +277,7 @@ class Engine:
 
         Rows whose prompt ended before a chunk write that chunk into the cache's scratch slots.
         """
-        dev, _B = self.device, len(lens)
+        dev = self.device
         lens_t = torch.tensor(lens, device=dev)
         chunk = self.options.prefill_chunk
         out = None

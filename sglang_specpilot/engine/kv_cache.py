@@ -16,9 +16,6 @@ class KVCache:
             for _ in range(cfg.num_layers)
         ]
 
-    def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.layers)
-
     @torch.no_grad()
     def commit(self, seq_len: torch.Tensor, path: torch.Tensor) -> None:
         """Keep the accepted nodes of the last verified block, packed after the prefix.
