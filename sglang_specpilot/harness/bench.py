@@ -40,6 +40,7 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.suites.noise",
     "sglang_specpilot.suites.w12_bits",
     "sglang_specpilot.suites.w12_gemm",
+    "sglang_specpilot.suites.w12_ar",
 )
 RESULTS_SUBDIR = Path("benchmarks") / "results"
 HEADER_KEYS = ("suite", "commit", "dirty", "date", "gpu", "versions", "command")
