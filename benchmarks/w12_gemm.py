@@ -2,7 +2,8 @@
 offline config tuner.
 
     python benchmarks/w12_gemm.py [suite options]      # -> benchmarks/results/w12_gemm_<gpu>.json
-    python benchmarks/w12_gemm.py --tune [--models ..] [--ms ..]   # -> w12/kernels/tuned/<gpu>.json
+    python benchmarks/w12_gemm.py --tune [--backend cuda|triton] [--models ..] [--ms ..]
+        # -> w12/kernels/tuned/<gpu>.json
 
 The suite is ``sglang_specpilot.suites.w12_gemm`` (also ``specpilot bench w12_gemm`` once registered);
 suite options: --models, --ms, --projections, --blocks, --inner, --rotate-mb, --no-view8, --seed,
@@ -29,10 +30,10 @@ def main(argv: list[str]) -> int:
         p.add_argument("--iters", type=int, default=30)
         p.add_argument("--no-view8", action="store_true")
         p.add_argument("--log", default=None, help="also write the tuner's log (every config tried) as JSON")
+        p.add_argument("--backend", choices=("cuda", "triton"), default="cuda", help="which kernel to tune")
         a = p.parse_args(argv)
-        out = suite.tune(
-            a.models.split(","), [int(m) for m in a.ms.split(",")], iters=a.iters, view8=not a.no_view8
-        )
+        tune = suite.tune_mma if a.backend == "cuda" else suite.tune
+        out = tune(a.models.split(","), [int(m) for m in a.ms.split(",")], iters=a.iters, view8=not a.no_view8)
         if a.log:
             with open(a.log, "w") as f:
                 json.dump(out, f, indent=1)

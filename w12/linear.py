@@ -48,6 +48,21 @@ class W12Linear(nn.Module):
             torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=weight.hi.device),
             persistent=False,
         )
+        self.backend = self.pick_backend(weight.hi.device)
+
+    def pick_backend(self, device: torch.device) -> str:
+        """The GEMM backend on ``device``, chosen once here and not in ``forward`` (whose code torch.compile
+        traces): the CUDA kernel (``w12.kernels.mma``) where it builds and K % 64 == 0, else Triton."""
+        from w12.kernels import mma
+
+        ok = device.type == "cuda" and mma.supports(self.in_features) and mma.available(device)
+        return "cuda" if ok else "triton"
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda(): re-pick the backend for the buffers' new device.
+        out = super()._apply(fn, recurse)
+        self.backend = self.pick_backend(self.hi.device)
+        return out
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> W12Linear:
@@ -81,7 +96,9 @@ class W12Linear(nn.Module):
         """Exact: ``x [..., K]`` (bf16 for the kernel) -> ``[..., N]``."""
         w = self.weight_w12
         if self._kernel_here(x):
-            return w12_gemm(x, w, self.bias, esc_row_ptr=self.esc_row_ptr, counters=self.counters)
+            return w12_gemm(
+                x, w, self.bias, esc_row_ptr=self.esc_row_ptr, counters=self.counters, backend=self.backend
+            )
         return F.linear(
             x, decode_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
         )
@@ -90,7 +107,7 @@ class W12Linear(nn.Module):
         """Approximate (8-bit view: hi plane only, escapes ignored): ``x [..., K]`` -> ``[..., N]``."""
         w = self.weight_w12
         if self._kernel_here(x):
-            return w12_view8_gemm(x, w, self.bias, counters=self.counters)
+            return w12_view8_gemm(x, w, self.bias, counters=self.counters, backend=self.backend)
         return F.linear(
             x, decode_view8_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
         )

@@ -298,3 +298,69 @@ def tune(
         torch.cuda.empty_cache()
     print(save_tuned(torch.cuda.get_device_name(), best, extra={"tuned_on": torch.cuda.get_device_name()}))
     return {"configs": {k: c.to_dict() for k, c in best.items()}, "log": log}
+
+
+def tune_mma(models: list[str], Ms: list[int], *, rotate_mb: int = 128, iters: int = 20, view8: bool = True) -> dict:
+    """Time the CUDA kernel's launch shapes (``w12.kernels.mma.MmaConfig``) per shape and M bucket, next to
+    cuBLAS; the fastest go to the ``"mma"`` section of ``w12/kernels/tuned/<gpu>.json``."""
+    from w12.codec import encode
+    from w12.kernels import gemm_tolerance, w12_gemm, w12_gemm_ref, w12_view8_gemm, w12_view8_gemm_ref
+    from w12.kernels.config import m_bucket, save_tuned, table_key
+    from w12.kernels.mma import MmaConfig, splits_for
+
+    from ..harness.graphs import graph_replay
+    from .common import cuda_times_ms, median
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cands = [MmaConfig(r, nw, sp) for r in (16, 32) for nw in (4, 8) for sp in (0, 1, 2, 4, 8)]
+    kinds = [(False, w12_gemm, w12_gemm_ref)] + ([(True, w12_view8_gemm, w12_view8_gemm_ref)] if view8 else [])
+    best, log = {}, []
+    for K, N in sorted({kn for m in models for kn in projection_shapes(m).values()}):
+        w_bf16 = synthetic_weight(K, N, 0)
+        w = encode(w_bf16)
+        n_copies = copies_for(N * K * 3 // 2, rotate_mb << 20)
+        copies = [w] + [_clone_w12(w) for _ in range(n_copies - 1)]
+        bf16s = [w_bf16] + [w_bf16.clone() for _ in range(n_copies - 1)]
+        counters = torch.zeros(1024, dtype=torch.int32, device="cuda")
+        for M in sorted({m_bucket(m) for m in Ms}):
+            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+            cub = graph_replay(_over_copies(lambda a, b: torch.matmul(a, b.t()), x, bf16s))
+            cublas_us = median(cuda_times_ms(cub, iters)) * 1e3 / n_copies
+            for is_view8, fn, ref_fn in kinds:
+                ref = ref_fn(x, w, out_dtype=torch.float32)
+                tol = gemm_tolerance(x, w, ref, view8=is_view8)
+                trials, seen = [], set()
+                for cand in cands:
+                    eff = (cand.rows_per_warp, cand.warps, splits_for(M, N, K, cand, num_sms))
+                    if eff in seen:
+                        continue
+                    seen.add(eff)
+                    entry = {"K": K, "N": N, "M": M, "view8": is_view8, "config": cand.to_dict(), "splits": eff[2]}
+                    try:
+                        y = fn(x, w, backend="cuda", mma_config=cand, counters=counters)
+                        if not bool(((y.float() - ref).abs() <= tol).all()):
+                            log.append({**entry, "error": "outside tolerance"})
+                            continue
+                        run = graph_replay(
+                            _over_copies(fn, x, copies, backend="cuda", mma_config=cand, counters=counters)
+                        )
+                        us = median(cuda_times_ms(run, iters)) * 1e3 / n_copies
+                    except Exception as exc:  # a launch shape that does not fit (shared memory)
+                        log.append({**entry, "error": repr(exc)[:300]})
+                        continue
+                    log.append({**entry, "us": us, "cublas_us": cublas_us})
+                    trials.append((cand, us))
+                if trials:
+                    cfg, us = min(trials, key=lambda t: t[1])
+                    best[table_key(M, N, K, is_view8)] = cfg
+                    kind = "view8" if is_view8 else "exact"
+                    print(
+                        f"K={K:<6} N={N:<7} M={M:<3} {kind}: {us:8.1f} us  cublas {cublas_us:8.1f} us "
+                        f"({cublas_us / us:.3f}x)  {cfg}",
+                        flush=True,
+                    )
+        del copies, bf16s
+        torch.cuda.empty_cache()
+    name = torch.cuda.get_device_name()
+    print(save_tuned(name, best, extra={"tuned_on": name}, section="mma"))
+    return {"mma": {k: c.to_dict() for k, c in best.items()}, "log": log}

@@ -149,16 +149,18 @@ def tuned_table(device_name: str) -> dict[str, GemmConfig]:
     return {key: GemmConfig(**cfg) for key, cfg in raw.get("configs", {}).items()}
 
 
-def save_tuned(device_name: str, configs: dict[str, GemmConfig], extra: dict | None = None) -> Path:
-    """Write (merge into) ``tuned/<gpu>.json``; returns its path."""
+def save_tuned(device_name: str, configs: dict, extra: dict | None = None, section: str = "configs") -> Path:
+    """Write (merge into) ``tuned/<gpu>.json``: ``section`` "configs" (Triton GemmConfig) or "mma" (the CUDA
+    kernel's MmaConfig); returns its path."""
     TUNED_DIR.mkdir(exist_ok=True)
     path = TUNED_DIR / f"{gpu_file_slug(device_name)}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    merged = {**old.get("configs", {}), **{k: c.to_dict() for k, c in configs.items()}}
-    path.write_text(
-        json.dumps({**old, **(extra or {}), "configs": dict(sorted(merged.items()))}, indent=1) + "\n"
-    )
+    merged = {**old.get(section, {}), **{k: c.to_dict() for k, c in configs.items()}}
+    path.write_text(json.dumps({**old, **(extra or {}), section: dict(sorted(merged.items()))}, indent=1) + "\n")
     tuned_table.cache_clear()
+    from .mma import tuned_mma_table
+
+    tuned_mma_table.cache_clear()
     return path
 
 

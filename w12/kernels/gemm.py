@@ -47,6 +47,7 @@ import triton.language as tl
 
 from w12.format import W12Tensor, decode_reference, decode_view8_reference
 
+from . import mma
 from .config import GemmConfig, pick_config
 from .decode import (
     INTERPRETED,
@@ -63,6 +64,7 @@ from .decode import (
     quads_aligned,
 )
 from .escapes import _apply_escapes, escape_row_ptr, placeholder_values
+from .mma import MmaConfig
 
 COUNTER_SLOTS = 1024  # split-K tiles of one launch; the heuristic splits only grids below 2 programs per SM
 
@@ -377,8 +379,13 @@ def launch(
     counters: torch.Tensor | None = None,
     config: GemmConfig | None = None,
     use_asm: bool | None = None,
+    backend: str = "auto",
+    mma_config: MmaConfig | None = None,
 ) -> torch.Tensor:
-    """Shared launcher of ``w12_gemm`` and ``w12_view8_gemm``: checks, then the ``w12::gemm`` op."""
+    """Shared launcher of ``w12_gemm`` and ``w12_view8_gemm``: checks, then the CUDA kernel (``mma.py``:
+    backend "cuda", or "auto" where it is available and takes the shape) or the ``w12::gemm`` Triton op."""
+    if backend not in ("auto", "cuda", "triton"):
+        raise ValueError(f"backend={backend!r}: auto, cuda or triton")
     check_w12(w)
     N, K = w.shape
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, W12 weight [N, K] = {tuple(w.shape)}"
@@ -405,12 +412,20 @@ def launch(
     if counters is None:
         counters = shared_counters(x.device)
     assert counters.dtype == torch.int32, "counters: int32"
+    hi, lo = w.hi.contiguous(), w.lo.contiguous()
+    if backend == "cuda" or (
+        backend == "auto" and config is None and x2.is_cuda and mma.supports(K) and mma.available(x.device)
+    ):
+        if not mma.supports(K):
+            raise ValueError(f"the CUDA W12 GEMM needs K % 64 == 0 and 16-byte aligned rows (K = {K})")
+        y = mma.mma_gemm(x2, hi, lo, w.base, esc_idx, esc_val, esc_row_ptr, bias, counters, view8, mma_config)
+        return y.reshape(*lead, N)
     # block_n = 0 asks the op to pick the config itself, from static shapes (config.pick_config).
     c = (0, 0, 1, False, 4, 2) if config is None else config.op_args()
     y = _w12_gemm_op(
         x2,
-        w.hi.contiguous(),
-        w.lo.contiguous(),
+        hi,
+        lo,
         w.base,
         esc_idx,
         esc_val,
@@ -433,6 +448,8 @@ def w12_gemm(
     counters: torch.Tensor | None = None,
     config: GemmConfig | None = None,
     use_asm: bool | None = None,
+    backend: str = "auto",
+    mma_config: MmaConfig | None = None,
 ) -> torch.Tensor:
     """Exact-weight GEMM ``y = x @ W^T + bias`` with W decoded in registers from its W12 planes.
 
@@ -446,6 +463,9 @@ def w12_gemm(
         None: the launcher's own buffer (``shared_counters``: not for concurrent streams)
     config : launch configuration; None: ``config.pick_config`` (tuned table, else heuristic)
     use_asm : inline-PTX decode (True) or plain tl (False); default PTX on the GPU
+    backend : "auto" (the CUDA kernel of ``mma.py`` on GPUs where it builds, for K % 64 == 0, unless a Triton
+        ``config`` is given; else Triton), "cuda" or "triton"
+    mma_config : launch shape of the CUDA kernel (None: its heuristic)
 
     Returns
     -------
@@ -454,8 +474,9 @@ def w12_gemm(
     if x.device.type == "cpu" and not INTERPRETED:
         return w12_gemm_ref(x, w, bias)
     return launch(
-        x, w, bias, view8=False, esc_row_ptr=esc_row_ptr, counters=counters, config=config, use_asm=use_asm
-    )
+        x, w, bias, view8=False, esc_row_ptr=esc_row_ptr, counters=counters, config=config, use_asm=use_asm,
+        backend=backend, mma_config=mma_config,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------

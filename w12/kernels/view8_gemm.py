@@ -29,6 +29,8 @@ def w12_view8_gemm(
     counters: torch.Tensor | None = None,
     config: GemmConfig | None = None,
     use_asm: bool | None = None,
+    backend: str = "auto",
+    mma_config=None,
 ) -> torch.Tensor:
     """Approximate GEMM ``y = x @ W8^T + bias`` reading only the hi plane of ``w``.
 
@@ -36,7 +38,7 @@ def w12_view8_gemm(
     ----------
     x : [..., K] bfloat16
     w : W12Tensor [N, K] on x's device (lo and escapes are not read)
-    bias, counters, config, use_asm : as in ``gemm.w12_gemm``
+    bias, counters, config, use_asm, backend, mma_config : as in ``gemm.w12_gemm``
 
     Returns
     -------
@@ -45,7 +47,10 @@ def w12_view8_gemm(
     """
     if x.device.type == "cpu" and not INTERPRETED:
         return w12_view8_gemm_ref(x, w, bias)
-    return launch(x, w, bias, view8=True, counters=counters, config=config, use_asm=use_asm)
+    return launch(
+        x, w, bias, view8=True, counters=counters, config=config, use_asm=use_asm, backend=backend,
+        mma_config=mma_config,
+    )  # fmt: skip
 
 
 def w12_view8_gemm_ref(
