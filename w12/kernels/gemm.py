@@ -414,7 +414,7 @@ def launch(
     assert counters.dtype == torch.int32, "counters: int32"
     hi, lo = w.hi.contiguous(), w.lo.contiguous()
     if backend == "cuda" or (
-        backend == "auto" and config is None and x2.is_cuda and mma.supports(K) and mma.available(x.device)
+        backend == "auto" and config is None and x2.is_cuda and mma.supports(K) and mma.usable(x.device)
     ):
         if not mma.supports(K):
             raise ValueError(f"the CUDA W12 GEMM needs K % 64 == 0 and 16-byte aligned rows (K = {K})")

@@ -153,6 +153,12 @@ def available(device: torch.device | str = "cuda") -> bool:
     return True
 
 
+@torch.compiler.assume_constant_result
+def usable(device: torch.device) -> bool:
+    """``available(device)`` as a constant for torch.compile (traced code calls it once, at trace time)."""
+    return available(device)
+
+
 @functools.lru_cache(maxsize=8)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
