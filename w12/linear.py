@@ -48,21 +48,7 @@ class W12Linear(nn.Module):
             torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=weight.hi.device),
             persistent=False,
         )
-        self.backend = self.pick_backend(weight.hi.device)
-
-    def pick_backend(self, device: torch.device) -> str:
-        """The GEMM backend on ``device``, chosen once here and not in ``forward`` (whose code torch.compile
-        traces): the CUDA kernel (``w12.kernels.mma``) where it builds and K % 64 == 0, else Triton."""
-        from w12.kernels import mma
-
-        ok = device.type == "cuda" and mma.supports(self.in_features) and mma.available(device)
-        return "cuda" if ok else "triton"
-
-    def _apply(self, fn, recurse=True):
-        # .to() / .cuda(): re-pick the backend for the buffers' new device.
-        out = super()._apply(fn, recurse)
-        self.backend = self.pick_backend(self.hi.device)
-        return out
+        self.backend = "auto"  # the GEMM launchers' choice; "triton" or "cuda" to force one (gemm.w12_gemm)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> W12Linear:

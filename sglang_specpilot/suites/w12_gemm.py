@@ -84,6 +84,10 @@ def summarize(rows: list[dict]) -> dict[str, float]:
                 metrics[f"view8_speedup_geomean_m{M}_{short}"] = round(
                     geomean(r["view8_speedup"] for r in sel), 4
                 )
+            if all("w12_cuda_speedup" in r for r in sel):
+                metrics[f"gemm_speedup_cuda_kernel_geomean_m{M}_{short}"] = round(
+                    geomean(r["w12_cuda_speedup"] for r in sel), 4
+                )
             if all("w12_TBps" in r for r in sel) and M == 1:
                 metrics[f"w12_TBps_geomean_m1_{short}"] = round(geomean(r["w12_TBps"] for r in sel), 3)
     return metrics
@@ -122,15 +126,17 @@ def _over_copies(fn, x, copies, **kwargs):
     return lambda: [fn(x, c, **kwargs) for c in copies]
 
 
-def _check(x, w) -> dict:
+def _check(x, w, cuda_kernel: bool = False) -> dict:
     """Elements outside the stated tolerance for the exact and the view8 GEMM (0 and 0 expected)."""
+    import functools
+
     from w12.kernels import gemm_tolerance, w12_gemm, w12_gemm_ref, w12_view8_gemm, w12_view8_gemm_ref
 
     out = {}
-    for name, fn, ref_fn, view8 in (
-        ("w12", w12_gemm, w12_gemm_ref, False),
-        ("view8", w12_view8_gemm, w12_view8_gemm_ref, True),
-    ):
+    cases = [("w12", w12_gemm, w12_gemm_ref, False), ("view8", w12_view8_gemm, w12_view8_gemm_ref, True)]
+    if cuda_kernel:
+        cases.append(("w12_cuda", functools.partial(w12_gemm, backend="cuda"), w12_gemm_ref, False))
+    for name, fn, ref_fn, view8 in cases:
         ref = ref_fn(x, w, out_dtype=torch.float32)
         err = (fn(x, w).float() - ref).abs()
         tol = gemm_tolerance(x, w, ref, view8=view8)
@@ -163,7 +169,10 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
     # of a graph (they run one after another on one stream).
     row_ptr = escape_row_ptr(w)
     counters = torch.zeros(1024, dtype=torch.int32, device=DEVICE)
-    check = _check(torch.randn(max(Ms), K, device=DEVICE).to(torch.bfloat16), w)
+    from w12.kernels import mma
+
+    cuda_kernel = on_gpu and mma.supports(K) and mma.available(DEVICE)
+    check = _check(torch.randn(max(Ms), K, device=DEVICE).to(torch.bfloat16), w, cuda_kernel)
     rows = []
     for M in Ms:
         x = torch.randn(M, K, device=DEVICE).to(torch.bfloat16)
@@ -174,6 +183,10 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
         }
         if not args.no_view8:
             variants["view8"] = replay(_over_copies(w12_view8_gemm, x, w12s, counters=counters))
+        if cuda_kernel:
+            variants["w12_cuda"] = replay(
+                _over_copies(w12_gemm, x, w12s, esc_row_ptr=row_ptr, counters=counters, backend="cuda")
+            )
         times = paired_timing(variants, blocks=args.blocks, inner=args.inner, device=DEVICE)
         us = {name: times.median(name) / copies * 1e6 for name in variants}
         ci = times.ratio("cublas", "w12")
@@ -204,6 +217,10 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
             row["view8_speedup"] = times.ratio("cublas", "view8").ratio
             row["view8_TBps"] = (view8_bytes + act) / us["view8"] / 1e6
             line += f"  view8 {us['view8']:8.1f} us ({row['view8_speedup']:.3f}x)"
+        if "w12_cuda" in us:
+            row["w12_cuda_us"] = us["w12_cuda"]
+            row["w12_cuda_speedup"] = times.ratio("cublas", "w12_cuda").ratio
+            line += f"  cuda {us['w12_cuda']:8.1f} us ({row['w12_cuda_speedup']:.3f}x)"
         print(line, flush=True)
         rows.append(row)
     return rows
@@ -225,7 +242,8 @@ def w12_gemm(args: argparse.Namespace) -> dict:
                 rows += _time_shape(model, proj, K, N, Ms, args)
                 torch.cuda.empty_cache()
     metrics = summarize(rows)
-    outside = sum(r["w12_outside_tolerance"] + r["view8_outside_tolerance"] for r in rows)
+    outside = sum(r["w12_outside_tolerance"] + r["view8_outside_tolerance"] + r.get("w12_cuda_outside_tolerance", 0)
+                  for r in rows)
     metrics["w12_gemm_outside_tolerance"] = outside
     return {"metrics": metrics, "rows": rows, "peaks": measure_peaks().to_dict(), "weights": "synthetic"}
 
