@@ -6,7 +6,7 @@ triton was imported; on a plain CPU it is the reference, ``F.linear(x, decode_re
 ``forward_view8`` is the cheap pass of two-level verification: the same shapes from the hi plane alone.
 
 Capture-friendly: the escape row pointer and the split-K counters are buffers made once, the launchers read
-no tensor values on the host, and the GEMM is a ``torch.library.triton_op`` that ``torch.compile`` traces.
+no tensor values on the host, and the GEMM is a ``torch.library.custom_op`` that ``torch.compile`` keeps whole.
 The planes, base, escapes and bias are persistent buffers (they are the state dict); the row pointer and
 the counters are derived, non-persistent ones.
 """

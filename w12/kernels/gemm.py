@@ -34,8 +34,8 @@ summation error of a K-term dot product in another order (K 2^-24, times 4 for t
 truncating fp32 accumulation, split-K's extra additions and the escape terms' roundings). The same bound
 holds for the 8-bit view against ``decode_view8_reference`` (``view8_gemm.py``).
 
-``w12_gemm`` calls a ``torch.library.triton_op`` (``w12::gemm``), so ``torch.compile(fullgraph=True)`` sees
-through it; it reads no tensor values on the host (CUDA-graph safe). On a plain CPU it runs the reference,
+``w12_gemm`` calls a ``torch.library.custom_op`` (``w12::gemm``), so ``torch.compile(fullgraph=True)`` keeps it
+as one opaque node; it reads no tensor values on the host (CUDA-graph safe). On a plain CPU it runs the reference,
 under TRITON_INTERPRET=1 the kernel in the interpreter.
 """
 
@@ -276,7 +276,7 @@ def _w12_gemm_kernel(
 # ---------------------------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("w12::gemm", mutates_args=("counters",))
+@torch.library.custom_op("w12::gemm", mutates_args=("counters",))
 def _w12_gemm_op(
     x: torch.Tensor,
     hi: torch.Tensor,
@@ -296,8 +296,9 @@ def _w12_gemm_op(
     num_stages: int,
     use_asm: bool,
 ) -> torch.Tensor:
-    # Host-side choices happen here, inside the op: torch.compile runs this body with fake tensors (shapes
-    # and storage offsets, no data), not through dynamo, so the config lookup and its caches are fine here.
+    # An opaque custom op, not a triton_op: inductor inlines a triton_op's kernel source into its generated
+    # Python, and the inline PTX's multi-line string broke that file (SyntaxError, H200, torch 2.11). Host-side
+    # choices (the config lookup and its caches) happen here, in eager code that dynamo never traces.
     M, K = x.shape
     N = hi.shape[0]
     if block_n == 0:
@@ -351,6 +352,11 @@ def _w12_gemm_op(
         num_stages=cfg.num_stages,
     )
     return y
+
+
+@_w12_gemm_op.register_fake
+def _(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, view8, *config):
+    return x.new_empty((x.shape[0], hi.shape[0]))
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
