@@ -6,6 +6,7 @@ Lossless must hold whatever the drafter proposes, so the drafters here range fro
 
 import pytest
 import torch
+from conftest import needs_smollm2
 from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
@@ -256,3 +257,27 @@ def test_tree_needs_a_drafter_or_is_ar():
             tree_depth=2,
             tree_top_k=50,
         )
+
+
+# ---------------------------------------------------------------------------- the real pair
+
+
+@needs_smollm2
+def test_smollm2_tree_greedy_equals_ar():
+    from sglang_specpilot.engine.loading import load_engine_models
+    from sglang_specpilot.models.build import build_model
+    from sglang_specpilot.models.config import ModelConfig
+
+    opts = EngineOptions(device="cpu", dtype="float32", max_seq_len=256, max_batch_size=2)
+    target, _, tok, opts = load_engine_models(opts)
+    ps = ["def fibonacci(n):\n    ", "The capital of France is"]
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    ar = [r.token_ids for r in Engine(target, tok, opts).generate(ps, params)]
+    # An untrained drafter of the same vocabulary: two random layers (nothing it says needs to be right).
+    cfg = ModelConfig(**{**target.cfg.to_dict(), "num_layers": 2, "name": "random-2"})
+    random_draft = build_model(cfg, synthetic_seed=0, dtype=torch.float32, max_positions=target.rope.shape[0])
+    tree = dict(tree_budget=16, tree_depth=4, tree_top_k=4)
+    for draft in (target.truncated(4), random_draft):
+        o = EngineOptions(**{**opts.__dict__, **tree})
+        res = Engine(target, tok, o, draft).generate(ps, params)
+        assert [r.token_ids for r in res] == ar
