@@ -105,7 +105,7 @@ def tau_report(
     out = {f"tau_{k}": round(v[0] / v[1], 4) for k, v in totals.items() if v[1]}
     if "tau_chain" in out and "tau_tree32" in out:
         out["tau_ratio_tree32_chain"] = round(out["tau_tree32"] / out["tau_chain"], 4)
-    out["rounds_chain"] = totals.get("chain", [0, 0])[1]
+    out.update({f"rounds_{k}": v[1] for k, v in totals.items()})
     return out
 
 
