@@ -168,3 +168,52 @@ def test_cli_train_drafter_tau_and_tree_generate(tmp_path):
     assert json.loads(tr.stdout)["token_ids"] == json.loads(ar.stdout)["token_ids"]
     bad = _cli(*gen, "--draft-layers", "2", "--tree-budget", "50", "--tree-depth", "3", "--tree-top-k", "2")
     assert bad.returncode == 2 and "tree_budget must be in 1..10" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_trees_suite_dry_run_on_cpu(tmp_path):
+    # The suite's bookkeeping on the CPU with tiny presets: numbers mean nothing, the metric names do.
+    from sglang_specpilot.harness.bench import run_suite
+
+    argv = [
+        "--device",
+        "cpu",
+        "--model",
+        "tiny-llama",
+        "--synthetic",
+        "--draft-layers",
+        "2",
+        "--tau-prompts",
+        "synthetic:2",
+        "--speed-prompts",
+        "synthetic:1",
+        "--new-tokens",
+        "10",
+        "--depth",
+        "3",
+        "--top-k",
+        "8",
+        "--budget",
+        "8",
+        "--verify-models",
+        "tiny-llama",
+        "--context",
+        "32",
+        "--iters",
+        "2",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    path = run_suite("trees", argv)
+    rec = json.loads(path.read_text())
+    m = rec["metrics"]
+    want = {
+        "tau_chain",
+        "tau_tree32",
+        "tau_ratio_tree32_chain",
+        "tok_s_ar_real",
+        "tok_s_chain_real",
+        "tok_s_tree_real",
+        "verify_ms_ratio_64_vs_1_tiny_llama",
+    }
+    assert want <= set(m) and all(v > 0 for v in m.values())
+    assert all(r["mismatched_prompts_vs_ar"] == 0 for r in rec["rows"] if "mismatched_prompts_vs_ar" in r)
