@@ -21,6 +21,17 @@ DTYPES = {
 
 
 DEFAULT_MAX_SEQ_LEN = 4096
+MAX_TREE_BUDGET = 256  # verify nodes per round; bounds the scratch slots each cache row reserves
+
+
+def tree_expansions(depth: int, top_k: int) -> int:
+    """Draft forwards' nodes in one tree round: the root, then top_k frontier nodes at depths 1..depth-1."""
+    return 1 + (depth - 1) * top_k
+
+
+def tree_candidates(depth: int, top_k: int) -> int:
+    """Candidates of a drafter lattice: top_k children of every expanded node."""
+    return tree_expansions(depth, top_k) * top_k
 WEIGHTS = ("bf16", "w12")
 
 
@@ -44,6 +55,11 @@ class EngineOptions:
     ngram_size : with no draft model, draft by prompt lookup with n-grams of up to this size (0 = off).
     weights / draft_weights : "bf16" (stock) or "w12" (lossless 12-bit weights decoded in the GEMM; needs
         bfloat16, which "auto" dtype then picks on the CPU too).
+    tree_budget / tree_depth / tree_top_k : best-first draft trees (EAGLE-2-like). Setting any of them turns
+        tree rounds on: the drafter expands ``tree_top_k`` frontier nodes per depth for ``tree_depth`` depths,
+        and the target verifies the ``tree_budget`` candidates of highest path probability in one pass.
+        Unset ones default to a chain: depth = ``num_speculative_tokens``, top_k = 1, budget = depth. All
+        None (the default) keeps stock chain rounds.
     """
 
     model: str | None = None
@@ -63,6 +79,9 @@ class EngineOptions:
     ngram_size: int = 0
     weights: str = "bf16"
     draft_weights: str = "bf16"
+    tree_budget: int | None = None
+    tree_depth: int | None = None
+    tree_top_k: int | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -86,6 +105,31 @@ class EngineOptions:
         if (self.max_seq_len is not None and self.max_seq_len < 8) or self.max_batch_size < 1 or self.prefill_chunk < 1:
             raise ValueError("max_seq_len >= 8, max_batch_size >= 1 and prefill_chunk >= 1 are required")
         self.graph_batch_sizes = tuple(sorted(set(self.graph_batch_sizes)))
+        if self.tree:
+            self._resolve_tree()
+
+    def _resolve_tree(self) -> None:
+        for name in ("tree_budget", "tree_depth", "tree_top_k"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+        depth = self.num_speculative_tokens if self.tree_depth is None else self.tree_depth
+        top_k = 1 if self.tree_top_k is None else self.tree_top_k
+        budget = depth if self.tree_budget is None else self.tree_budget
+        if not 1 <= depth <= 32:
+            raise ValueError(f"tree_depth must be in 1..32, got {depth}")
+        if not 1 <= top_k <= 64:
+            raise ValueError(f"tree_top_k must be in 1..64, got {top_k}")
+        # The drafter's lattice: the root's expansion, then top_k expansions at each of depths 1..depth-1,
+        # each with top_k children. The tree is chosen among those candidates.
+        candidates = tree_candidates(depth, top_k)
+        if not 1 <= budget <= min(candidates, MAX_TREE_BUDGET):
+            raise ValueError(
+                f"tree_budget must be in 1..{min(candidates, MAX_TREE_BUDGET)}, got {budget}: a lattice of depth "
+                f"{depth} and top_k {top_k} holds {candidates} candidates (raise tree_top_k or tree_depth), and "
+                f"one verify block holds at most {MAX_TREE_BUDGET} nodes"
+            )
+        self.tree_budget, self.tree_depth, self.tree_top_k = budget, depth, top_k
 
     def resolved(self, model_context: int) -> EngineOptions:
         """A copy with ``max_seq_len`` filled in from the model's context when it was left None."""
@@ -96,6 +140,11 @@ class EngineOptions:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def tree(self) -> bool:
+        """Tree rounds are on (any tree option set)."""
+        return self.tree_budget is not None or self.tree_depth is not None or self.tree_top_k is not None
 
     @property
     def speculative(self) -> bool:

@@ -4,6 +4,7 @@ A library used by the engine, the SGLang plugin and the controller; pure torch, 
 """
 
 from tree_verify.accept import GreedyAccept, accept_greedy, accept_greedy_batched, accept_sampling
+from tree_verify.accept_batched import accept_sampling_batched, children_table
 from tree_verify.best_first import (
     DraftTree,
     ancestor_mask,
@@ -21,9 +22,11 @@ __all__ = [
     "accept_greedy",
     "accept_greedy_batched",
     "accept_sampling",
+    "accept_sampling_batched",
     "ancestor_mask",
     "best_first",
     "best_first_per_depth",
     "chain",
+    "children_table",
     "positions",
 ]

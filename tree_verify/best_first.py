@@ -39,12 +39,15 @@ class DraftTree:
     parents : [N] or [B, N] int64, parent node index (< own index), -1 for children of the root
     depths : [N] or [B, N] int64, 1-based depth (root = 0, not stored)
     scores : [N] or [B, N] float, path score (sum of draft log-probs from the root)
+    candidates : optional [N] or [B, N] int64, the lattice candidate id of each node (set by ``best_first``;
+        a drafter uses it to find the draft KV it wrote for the accepted nodes)
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depths: torch.Tensor
     scores: torch.Tensor
+    candidates: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -117,9 +120,10 @@ def best_first(lattice: Lattice, num_nodes: int) -> DraftTree:
         parents=node_of.gather(1, par_cand),
         depths=depths.gather(1, sel),
         scores=scores.gather(1, sel),
+        candidates=sel,
     )
     if not lattice.batched:
-        tree = DraftTree(tree.tokens[0], tree.parents[0], tree.depths[0], tree.scores[0])
+        tree = DraftTree(tree.tokens[0], tree.parents[0], tree.depths[0], tree.scores[0], sel[0])
     return tree
 
 

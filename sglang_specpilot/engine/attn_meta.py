@@ -56,3 +56,28 @@ def build_step_meta(
     mask = (rel < 0)[:, None, :] | (in_new[:, None, :] & tree)
     mask = mask[:, :, None, :].expand(B, N, group, kv_len).reshape(B, 1, N * group, kv_len)
     return StepMeta(positions, slots, mask)
+
+
+def window_mask(seq_len: torch.Tensor, visible: torch.Tensor, kv_len: int, group: int) -> torch.Tensor:
+    """Dense mask for tokens that see the prefix plus chosen slots of a window after it.
+
+    Used by draft-tree expansion, where a step's tokens attend to ancestors written by earlier steps
+    (so ``anc`` over the step's own tokens is not enough).
+
+    Parameters
+    ----------
+    seq_len : [B] int64, prefix length: every token sees slots ``0 .. seq_len - 1``
+    visible : [B, N, W] bool, token i also sees slot ``seq_len + j`` where ``visible[b, i, j]``
+    kv_len : cache slots attention reads (>= max(seq_len) + W)
+    group : query heads per KV head
+
+    Returns
+    -------
+    [B, 1, N * G, kv_len] bool
+    """
+    B, N, W = visible.shape
+    rel = torch.arange(kv_len, device=seq_len.device)[None, :] - seq_len[:, None]  # [B, S]
+    in_win = (rel >= 0) & (rel < W)
+    idx = rel.clamp(0, W - 1)[:, None, :].expand(B, N, kv_len)
+    mask = (rel < 0)[:, None, :] | (in_win[:, None, :] & visible.gather(2, idx))
+    return mask[:, :, None, :].expand(B, N, group, kv_len).reshape(B, 1, N * group, kv_len)

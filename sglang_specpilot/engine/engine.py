@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..config import EngineOptions
+from ..config import EngineOptions, tree_expansions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
 from .ngram import ngram_draft
@@ -29,10 +29,19 @@ from .request import GenerationResult, Request, RequestError, StreamEvent
 from .runner import ModelRunner
 from .sampling import BatchSampling, SamplingParams, next_tokens, probs_from_logits, sample_from_probs
 from .spec import chain_accept_greedy, chain_accept_sampling
+from .tree_round import TreeRounds
+
+
+def tree_reach(options: EngineOptions) -> int:
+    """Slots past a row's length that one tree round writes: the verify block or the draft's expansions."""
+    return max(options.tree_budget, tree_expansions(options.tree_depth, options.tree_top_k)) + 1
 
 
 def scratch_slots(options: EngineOptions) -> int:
     """Cache slots past max_seq_len per row: the widest step (prefill chunk or verify block)."""
+    if options.tree:
+        # One lagged round (CUDA lookahead) may start a finished row up to depth + 1 slots further.
+        return max(64, options.prefill_chunk, tree_reach(options) + options.tree_depth + 1)
     return max(64, options.prefill_chunk, options.num_speculative_tokens + 1)
 
 
@@ -58,6 +67,14 @@ class Engine:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
         self.ngram = options.ngram_size if draft is None else 0
         self.gamma = options.num_speculative_tokens if draft is not None or self.ngram else 0
+        # Tree rounds emit at most tree_depth + 1 tokens, so gamma (the round's token bound) is the depth.
+        self.tree = None
+        self._reach = self.gamma
+        if options.tree and self.gamma:
+            if options.tree_top_k > target.cfg.vocab_size:
+                raise ValueError(f"tree_top_k {options.tree_top_k} exceeds the vocabulary ({target.cfg.vocab_size})")
+            self.gamma = options.tree_depth
+            self._reach = tree_reach(options) - 1
         kw = dict(
             cuda_graphs=options.cuda_graphs,
             graph_batch_sizes=options.graph_batch_sizes,
@@ -70,6 +87,9 @@ class Engine:
         self.eos = frozenset(eos)
         dev = self.device
         self._chain = {n: causal_tree(n, dev) for n in {1, 2, self.gamma + 1}}
+        if options.tree and self.gamma:
+            self.tree = TreeRounds(self.target_runner, self.draft_runner, self.ngram, options.tree_depth,
+                                   options.tree_top_k, options.tree_budget)
 
     @classmethod
     def from_options(cls, options: EngineOptions | None = None) -> Engine:
@@ -102,7 +122,7 @@ class Engine:
         vocab = self.target.cfg.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise RequestError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
-        need = len(prompt) + params.max_new_tokens + self.gamma + 1
+        need = len(prompt) + params.max_new_tokens + self._reach + 1
         if need > self.options.max_seq_len:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} needs {need} positions "
@@ -230,6 +250,8 @@ class Engine:
 
     def _spec_round(self, history, seq_len, next_tok, bs, max_len):
         """One chain round; returns (tokens [B, gamma + 1] = accepted drafts then bonus at n, n [B])."""
+        if self.tree is not None:
+            return self.tree.round(history, seq_len, next_tok, bs, max_len)
         draft, qs = self._draft(history, seq_len, next_tok, bs, max_len)
         return self._verify(history, seq_len, next_tok, draft, qs, bs, max_len)
 

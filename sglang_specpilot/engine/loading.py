@@ -42,7 +42,12 @@ def load_engine_models(options: EngineOptions) -> tuple[Transformer, Transformer
     options = options.resolved(read[0].max_position_embeddings)
     target, tokenizer = _build(read, options, options.seed, options.weights), read[2]
     draft = None
-    if options.draft is not None:
+    from ..drafters import is_shared_drafter, load_shared_drafter
+
+    if is_shared_drafter(options.draft):
+        # A trained drafter that keeps only its own layers: it borrows the target's embedding and head.
+        draft = load_shared_drafter(options.draft, target)
+    elif options.draft is not None:
         draft_read = _read(options.draft, options)
         draft, draft_tok = _build(draft_read, options, options.seed + 1, options.draft_weights), draft_read[2]
         if draft_tok.fingerprint != tokenizer.fingerprint:

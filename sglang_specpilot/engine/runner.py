@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..models.llama import Transformer, run_block, tree_attention
-from .attn_meta import build_step_meta
+from .attn_meta import build_step_meta, window_mask
 from .kv_cache import KVCache
 
 
@@ -148,3 +148,24 @@ class ModelRunner:
         if max_len_hint is not None:
             kv_len = min(self.max_seq, _round_up(max_len_hint + N, 64))
         return self._forward(tokens, seq_len, anc, depth, kv_len, logit_rows)
+
+    @torch.inference_mode()
+    def step_window(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        seq_len: torch.Tensor,
+        visible: torch.Tensor,
+        *,
+        max_len_hint: int,
+    ) -> torch.Tensor:
+        """Eager step with explicit slots and positions; tokens see the prefix and ``visible`` window slots.
+
+        tokens, positions, slots : [B, N]; seq_len : [B]; visible : [B, N, W] bool (see ``window_mask``);
+        ``max_len_hint`` >= max(seq_len). Returns logits [B, N, V].
+        """
+        W = visible.shape[-1]
+        kv_len = min(self.kv.max_seq, _round_up(max_len_hint + W, 64))
+        mask = window_mask(seq_len, visible, kv_len, self.group)
+        return self.model(tokens, positions, slots, mask, self.kv.layers)

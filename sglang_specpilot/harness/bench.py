@@ -38,6 +38,7 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.harness.selftest_suite",
     "sglang_specpilot.suites.foundation",
     "sglang_specpilot.suites.noise",
+    "sglang_specpilot.suites.trees",
     "sglang_specpilot.suites.w12_bits",
     "sglang_specpilot.suites.w12_gemm",
     "sglang_specpilot.suites.w12_ar",

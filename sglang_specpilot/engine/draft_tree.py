@@ -1,0 +1,115 @@
+"""Draft-model tree expansion (EAGLE-2-like): one draft forward per depth over the frontier.
+
+Per request, with ``seq_len`` tokens in the target cache and ``next_tok`` the last emitted token (the
+tree's root, not yet in any cache), and the draft cache valid for slots ``0 .. seq_len - 2``:
+
+    depth 0   [tok[seq_len-1], next_tok] at slots/positions seq_len-1, seq_len -> the root's top_k children
+    depth d   the top_k candidates of depth d by path score (sum of draft log-probs), fed together: expansion
+              e sits at draft slot seq_len + e and position seq_len + d, and sees the prefix, the root and
+              its own ancestors (a tree mask over the expansion slots) -> top_k children each
+
+Expansion 0 is the root, expansions 1 .. top_k expand depth 1, and so on: E = 1 + (depth - 1) * top_k
+draft slots past the prefix, all scratch until the round's acceptance. Every row expands the same number
+of nodes, so the batch needs no packing. The result is a ``tree_verify.Lattice`` (numbering: child j of
+expansion e is candidate e * top_k + j) and, per candidate, the expansion that expanded it (-1 if none):
+after acceptance the accepted nodes' draft K/V are moved into place (``commit_draft``), since every
+accepted node except the last was expanded and its K/V already saw exactly its accepted ancestors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tree_verify import Lattice
+
+from .attn_meta import causal_tree
+from .runner import ModelRunner
+
+
+def _logprobs(logits: torch.Tensor) -> torch.Tensor:
+    # At least float32 (bf16 log-probs would tie too often); float64 models keep float64.
+    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+
+
+def expand_lattice(
+    runner: ModelRunner,
+    history: torch.Tensor,
+    seq_len: torch.Tensor,
+    next_tok: torch.Tensor,
+    depth: int,
+    top_k: int,
+    max_len: int,
+) -> tuple[Lattice, torch.Tensor]:
+    """Grow the draft lattice of B requests.
+
+    Returns
+    -------
+    lattice : batched Lattice, parents [B, E], tokens / logprobs [B, E, top_k]
+    expanded_by : [B, E * top_k] int64, the expansion index that expanded each candidate, -1 if none
+    """
+    B = seq_len.shape[0]
+    dev = seq_len.device
+    k = top_k
+    E = 1 + (depth - 1) * k
+    prev = history.gather(1, (seq_len - 1)[:, None])
+    logits = runner.step(
+        torch.cat([prev, next_tok[:, None]], 1), seq_len - 1, *causal_tree(2, dev), max_len_hint=max_len
+    )[:, -1]
+    lp, tok = _logprobs(logits).topk(k, dim=-1)
+    parents = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]
+    tokens, logprobs, scores = [tok[:, None]], [lp[:, None]], [lp]
+    # vis[b, e, e'] = expansion e' is e or one of its ancestors (slot seq_len + e' is visible to e).
+    vis = torch.zeros(B, E, E, dtype=torch.bool, device=dev)
+    vis[:, 0, 0] = True
+    expanded_by = torch.full((B, E * k), -1, dtype=torch.long, device=dev)
+    ar = torch.arange(k, device=dev)
+    for d in range(1, depth):
+        # Candidates of the previous depth: those of the last k expansions (of the root only at d = 1).
+        first_exp = 0 if d == 1 else 1 + (d - 2) * k
+        n_exp = 1 if d == 1 else k
+        prev_scores = torch.cat(scores[-n_exp:], 1)  # [B, n_exp * k]
+        # Stable descending sort: equal scores keep candidate order, so ties resolve the same way as
+        # best_first does.
+        pick = torch.sort(prev_scores, dim=-1, descending=True, stable=True).indices[:, :k]
+        cand = first_exp * k + pick  # [B, k] candidate ids to expand
+        e_ids = 1 + (d - 1) * k + ar  # [k] expansion indices
+        expanded_by.scatter_(1, cand, e_ids.expand(B, k))
+        parent_exp = cand // k
+        vis[:, e_ids] = vis.gather(1, parent_exp[:, :, None].expand(B, k, E))
+        vis[:, e_ids, e_ids] = True
+        all_tokens = torch.cat(tokens, 1).flatten(1)  # [B, (1 + (d-1)k... ) * k]
+        x = all_tokens.gather(1, cand)
+        pos = (seq_len + d)[:, None].expand(B, k)
+        slots = seq_len[:, None] + e_ids
+        logits = runner.step_window(x, pos, slots, seq_len, vis[:, e_ids], max_len_hint=max_len)
+        lp, tok = _logprobs(logits).topk(k, dim=-1)  # [B, k, k]
+        base = torch.cat(scores, 1).gather(1, cand)  # path scores of the expanded candidates
+        parents.append(cand)
+        tokens.append(tok)
+        logprobs.append(lp)
+        scores += list((base[:, :, None] + lp).unbind(1))
+    lattice = Lattice(torch.cat(parents, 1), torch.cat(tokens, 1), torch.cat(logprobs, 1))
+    return lattice, expanded_by
+
+
+def commit_draft(
+    runner: ModelRunner,
+    seq_len: torch.Tensor,
+    candidates: torch.Tensor,
+    expanded_by: torch.Tensor,
+    path: torch.Tensor,
+) -> None:
+    """Move the draft K/V of the accepted nodes into place after the root.
+
+    candidates : [B, N] lattice candidate of each tree node; expanded_by : [B, C] (``expand_lattice``);
+    path : [B, A] accepted block indices from the root, padded by repeating the last one. Afterwards the
+    draft cache holds [.., root, a_1, .., a_{n-1}] at slots seq_len .. seq_len + n - 1 (a_n, the last
+    accepted node, is fed again at the start of the next round).
+    """
+    node = (path[:, 1:] - 1).clamp(min=0)
+    exp = expanded_by.gather(1, candidates.gather(1, node))
+    # Non-expanded entries (the last accepted node, padding) point at the root: they land past the
+    # sequence end, where nothing reads them.
+    exp = torch.where(exp < 0, 0, exp)
+    draft_path = torch.cat([torch.zeros_like(exp[:, :1]), exp[:, :-1]], 1)
+    runner.kv.commit(seq_len, draft_path)

@@ -1,0 +1,117 @@
+"""``specpilot tau``: record a drafter's candidates and the target's greedy output, replay tau per scheme.
+
+Per prompt: the target's greedy continuation g (AR engine), the drafter's teacher-forced rank of every
+g[j] (chain and oracle), and, at each round start the replays visit, the drafter's EAGLE-2 lattice grown
+exactly as the engine grows it (``engine.draft_tree.expand_lattice``). Schemes, all at depth D:
+
+- chain: accept while the drafter's argmax is the target's token (top-1), at most D
+- tree(N): best-first tree of N nodes from the lattice (top_k K per depth), longest matching path
+- oracle top-k: accept while the target's token is in the drafter's top-k, at most D (no budget limit)
+
+tau = emitted tokens / rounds (accepted + bonus per round), pooled over the prompts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tree_verify import best_first
+from tree_verify.tau import accepted_on_truth, leading_run, replay
+
+from ..engine.attn_meta import causal_tree
+from ..engine.draft_tree import expand_lattice
+from ..engine.runner import ModelRunner
+
+TREE_BUDGETS = (8, 16, 32, 64)
+ORACLE_KS = (4, 16)
+
+
+class _DraftReplay:
+    """The drafter over one prompt + greedy continuation: teacher-forced ranks and per-round lattices."""
+
+    def __init__(self, draft, seq: list[int], prompt_len: int, depth: int, top_k: int):
+        self.dev = draft.embed.weight.device
+        self.L, self.depth, self.top_k = prompt_len, depth, top_k
+        self.E = 1 + (depth - 1) * top_k
+        width = len(seq) + self.E + 2
+        self.runner = ModelRunner(draft, 1, width, cuda_graphs=False, scratch_slots=self.E + 64)
+        self.history = torch.zeros(1, width + self.runner.scratch, dtype=torch.long, device=self.dev)
+        self.history[0, : len(seq)] = torch.tensor(seq, device=self.dev)
+        x = self.history[:, : len(seq)]
+        logits = self.runner.step(
+            x, torch.zeros(1, dtype=torch.long, device=self.dev), *causal_tree(len(seq), self.dev)
+        )
+        logits = logits[0].float()
+        # rank[j] of greedy token g[j] (at sequence index L + j), predicted at index L + j - 1.
+        pred = logits[prompt_len - 1 : len(seq) - 1]
+        truth = x[0, prompt_len:]
+        self.ranks = (pred > pred.gather(1, truth[:, None])).sum(-1).tolist()
+        self.greedy = truth.tolist()
+        self._lattices: dict[int, object] = {}
+
+    def lattice(self, t: int):
+        if t not in self._lattices:
+            seq_len = torch.tensor([self.L + t - 1], device=self.dev)
+            next_tok = self.history[:, self.L + t - 1]
+            lat, _ = expand_lattice(self.runner, self.history, seq_len, next_tok, self.depth, self.top_k, self.L + t)
+            # The expansion overwrote draft K/V past the root; rewrite the true tokens' K/V there.
+            start = self.L + t
+            x = self.history[:, start : start + self.E]
+            self.runner.step(x, seq_len + 1, *causal_tree(x.shape[1], self.dev), max_len_hint=start)
+            self._lattices[t] = lat
+        return self._lattices[t]
+
+
+def tau_report(
+    target_engine,
+    draft,
+    prompts: list[list[int]],
+    new_tokens: int,
+    depth: int = 6,
+    top_k: int = 8,
+    budgets=TREE_BUDGETS,
+    oracle_ks=ORACLE_KS,
+) -> dict:
+    """tau of chain / tree(N) / oracle top-k for ``draft`` against ``target_engine``'s greedy output."""
+    from ..engine import SamplingParams
+
+    cands = (1 + (depth - 1) * top_k) * top_k
+    if max(budgets) > cands:
+        raise ValueError(f"tree budget {max(budgets)} exceeds the {cands} candidates of depth {depth}, top_k {top_k}")
+    params = SamplingParams(max_new_tokens=new_tokens)
+    totals: dict[str, list[int]] = {}
+
+    def add(name, tr):
+        acc = totals.setdefault(name, [0, 0])
+        acc[0] += tr[0]
+        acc[1] += tr[1]
+
+    for prompt in prompts:
+        g = target_engine.generate([prompt], params)[0].token_ids
+        if len(g) < 2:
+            continue
+        rep = _DraftReplay(draft, list(prompt) + g, len(prompt), depth, top_k)
+        T = len(g)
+        add("chain", replay(T, lambda t, r=rep: leading_run(r.ranks, t, 1, depth)))
+        for k in oracle_ks:
+            add(f"oracle_top{k}", replay(T, lambda t, k=k, r=rep: leading_run(r.ranks, t, k, depth)))
+        for n in budgets:
+
+            def acc(t, n=n, r=rep, g=g):
+                tree = best_first(r.lattice(t), n)
+                return accepted_on_truth(_single(tree), g[t:])
+
+            add(f"tree{n}", replay(T, acc))
+    out = {f"tau_{k}": round(v[0] / v[1], 4) for k, v in totals.items() if v[1]}
+    if "tau_chain" in out and "tau_tree32" in out:
+        out["tau_ratio_tree32_chain"] = round(out["tau_tree32"] / out["tau_chain"], 4)
+    out.update({f"rounds_{k}": v[1] for k, v in totals.items()})
+    return out
+
+
+def _single(tree):
+    from tree_verify import DraftTree
+
+    if tree.tokens.dim() == 1:
+        return tree
+    return DraftTree(tree.tokens[0], tree.parents[0], tree.depths[0], tree.scores[0])
