@@ -114,6 +114,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    try:
+        from .server.launch import run_server
+    except ImportError as e:
+        raise ValueError(f"{e}; install the server extra: pip install 'sglang-specpilot[server]'") from None
+    options = replace(engine_options(args), max_batch_size=args.max_batch_size)
+    return run_server(options, args.host, args.port, args.served_model_name, args.log_level)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -129,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--no-chat", action="store_true", help="send the prompt raw, without the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     _add_engine_args(g)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the `server` extra)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model, "
+                   "or SmolLM2-135M-Instruct for the embedded model)")
+    s.add_argument("--max-batch-size", type=int, default=8, help="KV rows: requests decoded together")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _add_engine_args(s)
     sub.add_parser("bench", help="run a benchmark suite (specpilot bench SUITE --help)", add_help=False)
     sub.add_parser("w12", help="W12 checkpoints: convert SRC DST [--verify] | verify DST", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -142,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return w12_main(argv[1:])
     args = parser.parse_args(argv)
     try:
+        if args.cmd == "serve":
+            return cmd_serve(args)
         return cmd_generate(args)
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"specpilot: error: {e}", file=sys.stderr)
