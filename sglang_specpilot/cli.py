@@ -114,18 +114,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def serve_options(args: argparse.Namespace):
+    """``generate``'s engine options with ``--max-batch-size`` KV rows (a server batches its requests)."""
     from dataclasses import replace
 
+    return replace(engine_options(args), max_batch_size=args.max_batch_size)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from .server.launch import run_server
     except ImportError as e:
         raise ValueError(f"{e}; install the server extra: pip install 'sglang-specpilot[server]'") from None
-    options = replace(engine_options(args), max_batch_size=args.max_batch_size)
-    return run_server(options, args.host, args.port, args.served_model_name, args.log_level)
+    return run_server(serve_options(args), args.host, args.port, args.served_model_name, args.log_level)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt")
@@ -150,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_engine_args(s)
     sub.add_parser("bench", help="run a benchmark suite (specpilot bench SUITE --help)", add_help=False)
     sub.add_parser("w12", help="W12 checkpoints: convert SRC DST [--verify] | verify DST", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         from .harness.bench import main as bench_main

@@ -44,6 +44,7 @@ class Scheduler:
         self.engine = engine
         self.batch = RowBatch(engine)
         self.metrics = metrics or Metrics()
+        self.metrics.gauges(self.batch)
         self.idle_wait_s = idle_wait_s
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count(1)
