@@ -124,16 +124,16 @@ def test_prompt_too_long_is_a_400(client):
 def test_greedy_equals_specpilot_generate(client, chat_mode):
     prompt = "Write a Python function that reverses a string." if chat_mode else "def fibonacci(n):"
     engine_args = SERVE_ARGS[1:]  # the same engine options as the server (minus the batch size)
-    cmd = [sys.executable, "-m", "sglang_specpilot.cli", "generate", "--prompt", prompt, "--max-new-tokens", "24",
+    cmd = [sys.executable, "-m", "sglang_specpilot.cli", "generate", "--prompt", prompt, "--max-new-tokens", "16",
            "--json", *engine_args] + ([] if chat_mode else ["--no-chat"])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     ref = json.loads(p.stdout.strip().splitlines()[-1])
     if chat_mode:
-        got = chat(client, prompt, max_tokens=24)
+        got = chat(client, prompt, max_tokens=16)
         text, n = got.choices[0].message.content, got.usage.completion_tokens
     else:
-        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
         text, n = got.choices[0].text, got.usage.completion_tokens
     assert text == ref["text"] and n == len(ref["token_ids"])
     assert got.choices[0].finish_reason == ref["finish_reason"]
