@@ -66,6 +66,7 @@ def test_stop_strings_and_seeded_sampling(client):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_clients(client, live_server):
     prompts = [f"Give me a fact about the number {i}." for i in range(16)]
     solo = {i: chat(client, prompts[i]).choices[0].message.content for i in (0, 7, 15)}
@@ -120,6 +121,7 @@ def test_prompt_too_long_is_a_400(client):
     assert e.value.code == "context_length_exceeded"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chat_mode", [True, False])
 def test_greedy_equals_specpilot_generate(client, chat_mode):
     prompt = "Write a Python function that reverses a string." if chat_mode else "def fibonacci(n):"
@@ -139,7 +141,7 @@ def test_greedy_equals_specpilot_generate(client, chat_mode):
     assert got.choices[0].finish_reason == ref["finish_reason"]
 
 
-def test_server_survives_a_thread_of_slow_readers(live_server):
+def test_slow_readers_do_not_block_the_server(live_server):
     """Streams that are read slowly still complete; the scheduler never blocks on a client."""
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 6, "temperature": 0, "stream": True}
     out = []
