@@ -228,7 +228,22 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve_options(args: argparse.Namespace):
+    """``generate``'s engine options with ``--max-batch-size`` KV rows (a server batches its requests)."""
+    from dataclasses import replace
+
+    return replace(engine_options(args), max_batch_size=args.max_batch_size)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from .server.launch import run_server
+    except ImportError as e:
+        raise ValueError(f"{e}; install the server extra: pip install 'sglang-specpilot[server]'") from None
+    return run_server(serve_options(args), args.host, args.port, args.served_model_name, args.log_level)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt")
@@ -269,8 +284,21 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--answer-tokens", type=int, default=256)
     d.add_argument("--no-chat", action="store_true")
     _add_engine_args(d)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the `server` extra)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model, "
+                   "or SmolLM2-135M-Instruct for the embedded model)")
+    s.add_argument("--max-batch-size", type=int, default=8, help="KV rows: requests decoded together")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _add_engine_args(s)
     sub.add_parser("bench", help="run a benchmark suite (specpilot bench SUITE --help)", add_help=False)
     sub.add_parser("w12", help="W12 checkpoints: convert SRC DST [--verify] | verify DST", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         from .harness.bench import main as bench_main
@@ -286,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tau(args)
         if args.cmd == "train-drafter":
             return cmd_train_drafter(args)
+        if args.cmd == "serve":
+            return cmd_serve(args)
         return cmd_generate(args)
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"specpilot: error: {e}", file=sys.stderr)

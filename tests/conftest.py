@@ -27,3 +27,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def live_server():
+    """The embedded SmolLM2 served on 127.0.0.1 (see live_server.py); one per test session."""
+    if smollm2_path() is None:
+        pytest.skip("the embedded SmolLM2 GGUF is not installed")
+    pytest.importorskip("fastapi")
+    from live_server import LiveServer
+
+    with LiveServer() as server:
+        yield server

@@ -314,6 +314,38 @@ class Engine:
                 out = logits[:, 0] if out is None else torch.where(here, logits[:, 0], out)
         return out
 
+    # ---- step-level API: continuous batching (engine/rows.py) ------------------------------------
+    # Thin public wrappers over the round internals, so a scheduler can admit requests into free rows,
+    # run one round for the rows in use and release rows between rounds. ``_run`` does not use them.
+    def new_request(self, prompt: str | list[int], params: SamplingParams, chat: bool = False) -> Request:
+        """Encode and validate one request (raises ``RequestError``); its row is assigned on admission."""
+        return self._make_request(-1, self.encode(prompt, chat), params)
+
+    @torch.inference_mode()
+    def prefill_rows(self, history: torch.Tensor, lens: list[int]) -> torch.Tensor:
+        """Prefill target (and draft) for the rows with ``lens[b] > 0``; returns last-position logits [B, V].
+
+        history : [B, W] (rows 0..B-1 of the cache). Rows with ``lens[b] == 0`` write only into the cache's
+        scratch slots, so rows that are mid-generation keep their KV; their logits are meaningless.
+        """
+        last = self._prefill(self.target_runner, history, lens)
+        if self.draft_runner is not None:
+            self._prefill(self.draft_runner, history, lens, want_logits=False)
+        return last
+
+    @torch.inference_mode()
+    def round_step(self, history, seq_len, next_tok, bs: BatchSampling, max_len: int):
+        """One AR step or speculative round over rows 0..B-1 (all tensors on the device, nothing synced).
+
+        Returns (tokens [B, k] with row b's emitted tokens in ``tokens[b, : n[b] + 1]``, n [B], next_tok [B]).
+        The caller advances ``seq_len`` by ``n + 1`` for the rows it keeps; ``max_len`` >= max(seq_len).
+        """
+        if not self.gamma:
+            new, n_acc = self._ar_step(history, seq_len, next_tok, bs, max_len)
+            return new, n_acc, new[:, -1]
+        new, n_acc = self._spec_round(history, seq_len, next_tok, bs, max_len)
+        return new, n_acc, new.gather(1, n_acc[:, None]).squeeze(1)
+
     @torch.inference_mode()
     def teacher_force_logits(self, prompt_ids: list[int], generated_ids: list[int]) -> torch.Tensor:
         """Stock target logits [T, V] (float32) where row t predicts generated_ids[t] (token forcing)."""

@@ -79,9 +79,9 @@ def probs_from_logits(logits: torch.Tensor, bs: BatchSampling) -> torch.Tensor:
         sorted_x, order = x.sort(dim=-1, descending=True)
         rank = torch.arange(V, device=x.device)
         k = torch.where(bs.top_k > 0, bs.top_k, V).view(view)
-        drop = rank >= k
         p = sorted_x.softmax(-1)
-        drop |= (p.cumsum(-1) - p) > bs.top_p.view(view)  # keep the smallest prefix whose mass reaches top_p
+        # Not in place: ``rank >= k`` is [B, 1.., V] and cannot hold the [B, N, V] result of a verify block.
+        drop = (rank >= k) | ((p.cumsum(-1) - p) > bs.top_p.view(view))  # smallest prefix reaching top_p
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         x = torch.empty_like(x).scatter_(-1, order, sorted_x)
     probs = x.softmax(-1)

@@ -1,0 +1,112 @@
+"""Server counters and gauges, rendered in the Prometheus text exposition format (version 0.0.4).
+
+Counters only grow (requests by outcome, prompt and generated tokens, rounds, rejected HTTP requests);
+gauges are sampled now (queue depth, running requests, free KV rows) or computed over a window
+(tokens/s over the last ``window_s`` seconds; mean accepted tokens per step since start, where a step is
+one row's share of one round: accepted draft tokens + the bonus token, 1.0 for AR).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+
+from ..engine.request import Request
+
+PREFIX = "specpilot"
+
+
+class Metrics:
+    def __init__(self, window_s: float = 10.0):
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter()  # finished requests by outcome: stop, length, cancelled, error
+        self.rejected: Counter[int] = Counter()  # HTTP errors by status (bad input never reaches the engine)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.queue_depth = 0
+        self.running = 0
+        self.kv_rows_free = 0
+        self.kv_rows_total = 0
+        self.batch_rounds = 0
+        self.row_rounds = 0
+        self.round_tokens = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    # ---- updates (scheduler thread, or the event loop for ``rejected``) ----------------------------
+    def queued(self, delta: int) -> None:
+        with self._lock:
+            self.queue_depth += delta
+
+    def admitted(self, req: Request) -> None:
+        with self._lock:
+            self.prompt_tokens += len(req.prompt)
+
+    def tokens(self, n: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.generation_tokens += n
+            self._recent.append((now, n))
+
+    def finished(self, outcome: str, req: Request) -> None:
+        with self._lock:
+            self.requests[outcome] += 1
+
+    def round(self, batch) -> None:
+        with self._lock:
+            self.batch_rounds += 1
+            self.row_rounds, self.round_tokens = batch.rounds, batch.round_tokens
+
+    def gauges(self, batch) -> None:
+        with self._lock:
+            self.running = batch.active
+            self.kv_rows_free = len(batch.free_rows)
+            self.kv_rows_total = batch.capacity
+
+    def reject(self, status: int) -> None:
+        with self._lock:
+            self.rejected[status] += 1
+
+    # ---- reading ------------------------------------------------------------------------------------
+    def tokens_per_s(self) -> float:
+        cutoff = time.monotonic() - self.window_s
+        with self._lock:
+            while self._recent and self._recent[0][0] < cutoff:
+                self._recent.popleft()
+            return sum(n for _, n in self._recent) / self.window_s
+
+    def mean_accepted(self) -> float:
+        with self._lock:
+            return self.round_tokens / self.row_rounds if self.row_rounds else 0.0
+
+    def render(self) -> str:
+        tps, acc = self.tokens_per_s(), self.mean_accepted()
+        with self._lock:
+            rows = [
+                ("requests_total", "counter", "Requests finished, by outcome.",
+                 [({"outcome": k}, v) for k, v in sorted(self.requests.items())] or [({"outcome": "stop"}, 0)]),
+                ("rejected_requests_total", "counter", "Requests refused with an HTTP error, by status.",
+                 [({"status": str(k)}, v) for k, v in sorted(self.rejected.items())] or [({"status": "400"}, 0)]),
+                ("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [({}, self.prompt_tokens)]),
+                ("generation_tokens_total", "counter", "Tokens generated.", [({}, self.generation_tokens)]),
+                ("rounds_total", "counter", "Engine rounds (AR steps or speculative rounds) run.",
+                 [({}, self.batch_rounds)]),
+                ("tokens_per_second", "gauge", f"Tokens generated per second over the last {self.window_s:g} s.",
+                 [({}, tps)]),
+                ("mean_accepted_tokens_per_step", "gauge",
+                 "Tokens emitted per request per round since start (accepted draft tokens + bonus; 1 for AR).",
+                 [({}, acc)]),
+                ("queue_depth", "gauge", "Requests waiting for a KV row.", [({}, self.queue_depth)]),
+                ("running_requests", "gauge", "Requests holding a KV row.", [({}, self.running)]),
+                ("kv_rows_free", "gauge", "Free KV cache rows.", [({}, self.kv_rows_free)]),
+                ("kv_rows_total", "gauge", "KV cache rows (max batch size).", [({}, self.kv_rows_total)]),
+            ]
+        out = []
+        for name, kind, help_, samples in rows:
+            out += [f"# HELP {PREFIX}_{name} {help_}", f"# TYPE {PREFIX}_{name} {kind}"]
+            for labels, value in samples:
+                lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                text = str(value) if isinstance(value, int) else f"{value:.6g}"
+                out.append(f"{PREFIX}_{name}{'{' + lab + '}' if lab else ''} {text}")
+        return "\n".join(out) + "\n"
