@@ -100,7 +100,9 @@ def test_algorithm_maps_to_our_worker(sglang):
     # Every other algorithm is untouched.
     theirs = SimpleNamespace(speculative_algorithm="STANDALONE", disable_overlap_schedule=True)
     assert SpeculativeAlgorithm.STANDALONE.create_worker(theirs) is StandaloneWorker
-    eagle = SimpleNamespace(speculative_algorithm="EAGLE", disable_overlap_schedule=True, enable_multi_layer_eagle=False)
+    eagle = SimpleNamespace(
+        speculative_algorithm="EAGLE", disable_overlap_schedule=True, enable_multi_layer_eagle=False
+    )
     assert SpeculativeAlgorithm.from_string("EAGLE").create_worker(eagle) is EAGLEWorker
     with pytest.raises(ValueError):
         SpeculativeAlgorithm.from_string("specpilotx")
