@@ -30,6 +30,15 @@ def test_pth_install_status_uninstall(tmp_path, capsys):
     assert "absent" in capsys.readouterr().out
 
 
+def test_cli_sglang_hook(tmp_path, capsys):
+    from sglang_specpilot.cli import main
+
+    assert main(["sglang-hook", "install", "--site-dir", str(tmp_path)]) == 0
+    assert (tmp_path / hook_install.PTH_NAME).read_text() == hook_install.PTH_LINE
+    assert main(["sglang-hook", "uninstall", "--site-dir", str(tmp_path)]) == 0
+    assert "removed" in capsys.readouterr().out and not (tmp_path / hook_install.PTH_NAME).exists()
+
+
 def test_pth_line_is_harmless_when_the_package_is_gone():
     exec(hook_install.PTH_LINE.replace(hook_install.HOOK_MODULE, "no_such_specpilot_module"), {})
 

@@ -27,6 +27,8 @@ def test_small_batch_matches_hand_built_tensors():
         [[1, 1, 2, 2], [1, 2, 3, 4], [1, 2, 1, 1]],
     )
     got = sglang_tree_tensors(tree, torch.tensor([10, 20, 30]), torch.tensor([3, 1, 2]))
+    same = sglang_tree_tensors(tree, torch.tensor([10, 20, 30]), torch.tensor([3, 1, 2]), torch.tensor([3, 1, 2]))
+    assert torch.equal(same.custom_mask, got.custom_mask)
 
     assert got.num_verify_tokens == 5
     assert torch.equal(got.draft_token, torch.tensor([10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 30, 31, 32, 33, 34]))

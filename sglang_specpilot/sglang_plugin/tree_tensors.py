@@ -49,14 +49,18 @@ def _first_later(match: torch.Tensor) -> torch.Tensor:
     return torch.where(first == N, -1, first)
 
 
-def sglang_tree_tensors(tree: DraftTree, verified_id: torch.Tensor, seq_lens: torch.Tensor) -> SGLangTree:
+def sglang_tree_tensors(
+    tree: DraftTree, verified_id: torch.Tensor, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor | None = None
+) -> SGLangTree:
     """SGLang's verify tensors for a batch of trees.
 
     Parameters
     ----------
     tree : DraftTree with [B, N - 1] fields (N - 1 draft nodes per request, ``tree_verify`` conventions)
     verified_id : [B] int64, the last verified token of each request (the root)
-    seq_lens : [B] int64, tokens in each request's KV cache; read on the host for the ragged mask
+    seq_lens : [B] int64, tokens in each request's KV cache (on the tree's device)
+    seq_lens_cpu : the same on the host (SGLang keeps one); without it ``seq_lens`` is copied to the host,
+        because the mask is ragged (one row length per request)
 
     Returns
     -------
@@ -76,7 +80,7 @@ def sglang_tree_tensors(tree: DraftTree, verified_id: torch.Tensor, seq_lens: to
     same_parent &= (block_parent >= 0)[:, :, None]
 
     anc = ancestor_mask(tree.parents)  # [B, N, N], the block part of the mask
-    lens = [int(s) for s in seq_lens.tolist()]
+    lens = [int(s) for s in (seq_lens if seq_lens_cpu is None else seq_lens_cpu).tolist()]
     rows = [
         torch.cat([torch.ones(N, s, dtype=torch.bool, device=dev), anc[b]], dim=1).flatten()
         for b, s in enumerate(lens)

@@ -92,7 +92,7 @@ class SpecPilotWorker(StandaloneWorker):
         if batch.forward_mode.is_idle():
             return EagleVerifyInput.create_idle_input(self.topk, self.speculative_num_steps, N)
         tree = best_first_tree(*lattice, num_nodes=N - 1)
-        t = sglang_tree_tensors(tree, spec_info.verified_id, batch.seq_lens)
+        t = sglang_tree_tensors(tree, spec_info.verified_id, batch.seq_lens, forward_batch.seq_lens_cpu)
         return EagleVerifyInput(
             draft_token=t.draft_token,
             custom_mask=t.custom_mask,
