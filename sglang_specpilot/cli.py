@@ -294,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(s)
     sub.add_parser("bench", help="run a benchmark suite (specpilot bench SUITE --help)", add_help=False)
     sub.add_parser("w12", help="W12 checkpoints: convert SRC DST [--verify] | verify DST", add_help=False)
+    sub.add_parser("sglang-hook", help="SGLang 0.5 start-up hook: install | uninstall | status", add_help=False)
     return parser
 
 
@@ -308,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         from w12.cli import main as w12_main
 
         return w12_main(argv[1:])
+    if argv[:1] == ["sglang-hook"]:
+        from .sglang_plugin.hook_install import main as hook_main
+
+        return hook_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         if args.cmd == "tau":
