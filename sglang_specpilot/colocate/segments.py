@@ -184,8 +184,10 @@ def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str) 
     else:
         def argmax(state):
             # Same as the engine's draft: full logits of the step, the last row's argmax.
-            d = model.lm_head(state["xf"])[:, -1].argmax(-1)
+            logits = model.lm_head(state["xf"])[:, -1]
+            d = logits.argmax(-1)
             state.setdefault("drafts", []).append(d)
+            state.setdefault("draft_logits", []).append(logits)  # kept for the numerical check of plans
             state["token"] = d[:, None]
 
         head_ops = [
@@ -213,7 +215,7 @@ def draft_chain(model: Transformer, steps: list[StepInputs]) -> Chain:
     first = chain.segments[0].ops[0].run
 
     def reset_then_embed(state):
-        state["drafts"] = []  # a new round starts with no drafts (a chain may run many times)
+        state["drafts"], state["draft_logits"] = [], []  # a new round starts with no drafts (a chain may run many times)
         first(state)
 
     chain.segments[0].ops[0].run = reset_then_embed
