@@ -215,7 +215,8 @@ def draft_chain(model: Transformer, steps: list[StepInputs]) -> Chain:
     first = chain.segments[0].ops[0].run
 
     def reset_then_embed(state):
-        state["drafts"], state["draft_logits"] = [], []  # a new round starts with no drafts (a chain may run many times)
+        # A new round starts with no drafts (a chain runs once per round).
+        state["drafts"], state["draft_logits"] = [], []
         first(state)
 
     chain.segments[0].ops[0].run = reset_then_embed
