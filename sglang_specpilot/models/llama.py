@@ -54,9 +54,14 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
+        return self.wo(self.core(self.wqkv(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc))
+
+    def core(self, qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
+        # Everything between the two projections (rope, cache write, attention), [B, N, q_size] out; a
+        # method of its own so colocate/ can run the projections as separate (groupable) operations.
         cfg = self.cfg
-        B, N, _ = x.shape
-        q, k, v = self.wqkv(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        B, N, _ = qkv.shape
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(B, N, cfg.num_heads, cfg.head_dim)
         k = k.view(B, N, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(B, N, cfg.num_kv_heads, cfg.head_dim)
@@ -67,7 +72,7 @@ class Attention(nn.Module):
         v_cache[batch_idx, slots] = v
         if mask is None:
             # Fused kernel: reads only each row's seq_len + N slots, applies the tree mask itself.
-            return self.wo(tree_attention(q, k_cache, v_cache, seq_len, anc).reshape(B, N, cfg.q_size))
+            return tree_attention(q, k_cache, v_cache, seq_len, anc).reshape(B, N, cfg.q_size)
         # Grouped-query attention without copying the cache: fold the G query heads that share a KV
         # head into the query axis (row n * G + g), so SDPA sees Hkv heads of N * G queries each.
         G = cfg.num_heads // cfg.num_kv_heads
@@ -76,8 +81,7 @@ class Attention(nn.Module):
         kf = k_cache[:B, :kv_len].transpose(1, 2)
         vf = v_cache[:B, :kv_len].transpose(1, 2)
         o = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask)
-        o = o.view(B, cfg.num_kv_heads, N, G, cfg.head_dim).transpose(1, 2).reshape(B, N, cfg.q_size)
-        return self.wo(o)
+        return o.view(B, cfg.num_kv_heads, N, G, cfg.head_dim).transpose(1, 2).reshape(B, N, cfg.q_size)
 
 
 class MLP(nn.Module):

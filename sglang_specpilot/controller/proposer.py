@@ -1,0 +1,78 @@
+"""Proposers of joint-plan edits: the interface MCTS expands through, and the built-in edit enumerator.
+
+A proposer gets the plan MCTS selected and what the search has learned so far (``ProposalContext``:
+the round's operations, every evaluated plan with its reward, kernel verdicts and feedback codes) and
+returns up to ``m`` new plans. The built-in ``EditProposer`` enumerates the four edits of Conjugate
+Compilation (add, merge, split, remove), keeping only those the legality checker accepts; an LLM proposer
+can implement the same interface and read the context to choose its edits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..colocate.legality import check_plan
+from ..colocate.ops import OpInfo
+from ..colocate.plan import FAMILIES, ConjugatedGroup, JointPlan
+
+
+@dataclass
+class ProposalContext:
+    catalog: dict[str, OpInfo]
+    history: list[dict] = field(default_factory=list)  # {"plan", "reward", "feedback", "verdicts"} records
+    ancestors: list[JointPlan] = field(default_factory=list)  # the selected plan's parents, nearest first
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, plan: JointPlan, ctx: ProposalContext, m: int) -> list[JointPlan]:
+        """Up to ``m`` distinct plans, each one edit away from ``plan``."""
+        ...
+
+
+class EditProposer:
+    """Enumerates legal add / merge / split / remove edits, in a seeded random order."""
+
+    name = "edits"
+
+    def __init__(self, seed: int = 0, families: tuple[str, ...] = FAMILIES):
+        self.rng = random.Random(seed)
+        self.families = families
+
+    def edits(self, plan: JointPlan, catalog: dict[str, OpInfo]) -> list[tuple[str, JointPlan]]:
+        """Every legal one-edit neighbour of ``plan`` as (edit kind, plan)."""
+        groups = list(plan.groups)
+        used = set(plan.ops())
+        out: list[tuple[str, JointPlan]] = []
+        free = {f: ([o for o, i in catalog.items() if i.family == f and i.model == "target" and o not in used],
+                    [o for o, i in catalog.items() if i.family == f and i.model == "draft" and o not in used])
+                for f in self.families}
+        for f, (targets, drafts) in free.items():
+            for t, d in itertools.product(targets, drafts):
+                out.append(("add", plan.with_groups([*groups, ConjugatedGroup(f, (t, d))])))
+        for a, b in itertools.combinations(range(len(groups)), 2):
+            ga, gb = groups[a], groups[b]
+            if ga.family == gb.family:
+                rest = [g for k, g in enumerate(groups) if k not in (a, b)]
+                merged = ConjugatedGroup(ga.family, ga.members + gb.members, ga.config)
+                out.append(("merge", plan.with_groups([*rest, merged])))
+        for k, g in enumerate(groups):
+            rest = groups[:k] + groups[k + 1:]
+            out.append(("remove", plan.with_groups(rest)))
+            for r in range(2, len(g.members) - 1):
+                for part in itertools.combinations(g.members, r):
+                    other = tuple(m for m in g.members if m not in part)
+                    if part < other:  # each split once
+                        split = [ConjugatedGroup(g.family, part, g.config), ConjugatedGroup(g.family, other, g.config)]
+                        out.append(("split", plan.with_groups([*rest, *split])))
+        return [(kind, p) for kind, p in out if not check_plan(p, catalog)]
+
+    def propose(self, plan: JointPlan, ctx: ProposalContext, m: int) -> list[JointPlan]:
+        seen = {r["plan"] for r in ctx.history}
+        cands = [p for _, p in self.edits(plan, ctx.catalog) if p.key not in seen]
+        self.rng.shuffle(cands)
+        return cands[:m]

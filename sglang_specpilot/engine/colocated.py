@@ -1,0 +1,179 @@
+"""Co-located speculative rounds: the batch split in two groups whose rounds are pipelined.
+
+Round r verifies group A's drafts while drafting for group B, round r + 1 the other way round
+(``colocate.CoScheduledRound``), so the draft of one group overlaps the verification of the other on one
+GPU. Per request the work is exactly the engine's chain round (``Engine._draft`` / ``_verify``, greedy):
+the same draft steps at the same positions, the same verification block and acceptance rule, so every
+request's output is the conventional round's.
+
+``RoundBuffers`` holds one group's static inputs (the tensors a captured round reads), so the same
+objects serve eager CPU runs and CUDA-graph replays; ``ColocatedDecoder`` drives whole generations (CPU
+tests, examples) and ``build_round`` gives the suites one round to time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..colocate.coschedule import CoScheduledRound
+from ..colocate.plan import JointPlan
+from ..colocate.segments import StepInputs, draft_chain, verify_chain
+from ..models.llama import Transformer
+from .attn_meta import StepMeta, build_step_meta, causal_tree
+from .kv_cache import KVCache
+from .spec import chain_accept_greedy
+
+
+def _static_meta(seq_len, anc, depth, kv_len, group) -> StepMeta:
+    # Own, dense copies: ``load`` rewrites them in place (the expanded mask of build_step_meta cannot be).
+    m = build_step_meta(seq_len, anc, depth, kv_len, group)
+    return StepMeta(m.positions.clone(), m.slots.clone(), m.mask.contiguous().clone())
+
+
+def _rows(kv: KVCache, lo: int, hi: int):
+    # A group's rows of the cache as views: writes land in the shared cache.
+    return [(k[lo:hi], v[lo:hi]) for k, v in kv.layers]
+
+
+class RoundBuffers:
+    """Static inputs of one group's draft steps and verification block, refreshed by ``load``."""
+
+    def __init__(self, target: Transformer, draft: Transformer, t_kv, d_kv, lo: int, hi: int, gamma: int,
+                 kv_len: int):
+        dev = target.embed.weight.device
+        self.lo, self.hi, self.gamma, self.kv_len = lo, hi, gamma, kv_len
+        B = hi - lo
+        self.seq_len = torch.zeros(B, dtype=torch.long, device=dev)
+        self.draft_block = torch.zeros(B, 2, dtype=torch.long, device=dev)  # [prev, next_tok]
+        self.verify_block = torch.zeros(B, gamma + 1, dtype=torch.long, device=dev)  # [next_tok, drafts]
+        t_group = target.cfg.num_heads // target.cfg.num_kv_heads
+        d_group = draft.cfg.num_heads // draft.cfg.num_kv_heads
+        # Draft step 0 is two tokens at seq_len - 1; step s >= 1 one token at seq_len + s.
+        self.draft_steps = []
+        for s in range(gamma):
+            n = 2 if s == 0 else 1
+            anc, depth = causal_tree(n, dev)
+            start = self.seq_len - 1 if s == 0 else self.seq_len + s
+            meta = _static_meta(start, anc, depth, kv_len, d_group)
+            self.draft_steps.append([start, anc, depth, meta, d_group])
+        anc, depth = causal_tree(gamma + 1, dev)
+        self.verify_meta = [anc, depth, _static_meta(self.seq_len, anc, depth, kv_len, t_group), t_group]
+        self.d_inputs = [
+            StepInputs(self.draft_block if s == 0 else None, st[3].positions, st[3].slots, st[3].mask,
+                       _rows(d_kv, lo, hi), width=2 if s == 0 else 1, batch=B)
+            for s, st in enumerate(self.draft_steps)
+        ]
+        m = self.verify_meta[2]
+        self.t_inputs = StepInputs(self.verify_block, m.positions, m.slots, m.mask, _rows(t_kv, lo, hi),
+                                   width=gamma + 1, batch=B)
+
+    def load(self, seq_len: torch.Tensor) -> None:
+        """Recompute positions, slots and masks in place for new lengths (no new tensors)."""
+        self.seq_len.copy_(seq_len)
+        for s, (_, anc, depth, meta, group) in enumerate(self.draft_steps):
+            start = self.seq_len - 1 if s == 0 else self.seq_len + s
+            fresh = build_step_meta(start, anc, depth, self.kv_len, group)
+            meta.positions.copy_(fresh.positions)
+            meta.slots.copy_(fresh.slots)
+            meta.mask.copy_(fresh.mask)
+        anc, depth, meta, group = self.verify_meta
+        fresh = build_step_meta(self.seq_len, anc, depth, self.kv_len, group)
+        meta.positions.copy_(fresh.positions)
+        meta.slots.copy_(fresh.slots)
+        meta.mask.copy_(fresh.mask)
+
+
+def build_round(target, draft, verify_bufs: RoundBuffers, draft_bufs: RoundBuffers, plan: JointPlan | None = None,
+                *, streams: bool = True) -> CoScheduledRound:
+    """One co-scheduled round: verify ``verify_bufs``' group while drafting for ``draft_bufs``' group."""
+    t = verify_chain(target, verify_bufs.t_inputs)
+    d = draft_chain(draft, draft_bufs.d_inputs)
+    return CoScheduledRound(t, d, plan, device=target.embed.weight.device, streams=streams)
+
+
+class ColocatedDecoder:
+    """Greedy chain speculative decoding with co-located rounds over two request groups.
+
+    Parameters
+    ----------
+    target, draft : Transformer
+    gamma : int, draft tokens per round
+    max_batch, max_seq : cache shape (rows, slots per row; plus ``scratch`` slots past max_seq)
+    plan : JointPlan, optional; the joint plan every round runs under (default: co-scheduling only)
+    """
+
+    def __init__(self, target: Transformer, draft: Transformer, gamma: int, max_batch: int, max_seq: int,
+                 plan: JointPlan | None = None, scratch: int = 64):
+        self.target, self.draft, self.gamma, self.plan = target, draft, gamma, plan
+        dev, dt = target.embed.weight.device, target.embed.weight.dtype
+        self.max_batch, self.kv_len = max_batch, max_seq + scratch
+        self.t_kv = KVCache(target.cfg, max_batch, self.kv_len, dev, dt)
+        self.d_kv = KVCache(draft.cfg, max_batch, self.kv_len, dev, dt)
+
+    def _prefill(self, model: Transformer, kv: KVCache, prompts: list[list[int]]) -> torch.Tensor:
+        dev = model.embed.weight.device
+        group = model.cfg.num_heads // model.cfg.num_kv_heads
+        last = []
+        for r, p in enumerate(prompts):
+            toks = torch.tensor([p], device=dev)
+            anc, depth = causal_tree(len(p), dev)
+            meta = build_step_meta(torch.zeros(1, dtype=torch.long, device=dev), anc, depth, self.kv_len, group)
+            logits = model(toks, meta.positions, meta.slots, meta.mask, _rows(kv, r, r + 1))
+            last.append(logits[0, -1])
+        return torch.stack(last)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy tokens for each prompt (the first ``max_new_tokens`` of what the rounds emit)."""
+        B, g = len(prompts), self.gamma
+        if not 2 <= B <= self.max_batch:
+            raise ValueError(f"co-located rounds need 2..{self.max_batch} requests, got {B}")
+        if max(map(len, prompts)) + max_new_tokens + 2 * (g + 1) > self.kv_len:
+            raise ValueError("prompts and new tokens exceed the cache")
+        dev = self.target.embed.weight.device
+        next_tok = self._prefill(self.target, self.t_kv, prompts).argmax(-1)
+        self._prefill(self.draft, self.d_kv, prompts)
+        prev = torch.tensor([p[-1] for p in prompts], device=dev)
+        seq_len = torch.tensor([len(p) for p in prompts], device=dev)
+        out = [[int(t)] for t in next_tok.tolist()]
+        h = B // 2
+        groups = [(0, h), (h, B)]
+        bufs = [RoundBuffers(self.target, self.draft, self.t_kv, self.d_kv, lo, hi, g, self.kv_len)
+                for lo, hi in groups]
+        # rounds[x] verifies group x and drafts for group 1 - x; built once, re-run every round.
+        rounds = [build_round(self.target, self.draft, bufs[x], bufs[1 - x], self.plan) for x in (0, 1)]
+        drafts: list[torch.Tensor | None] = [None, None]
+
+        def load_draft(x):
+            lo, hi = groups[x]
+            bufs[x].load(seq_len[lo:hi])
+            bufs[x].draft_block.copy_(torch.stack([prev[lo:hi], next_tok[lo:hi]], 1))
+
+        # Prologue: group 0 drafts alone (a conventional draft of one group).
+        load_draft(0)
+        solo = draft_chain(self.draft, bufs[0].d_inputs)
+        solo.run()
+        drafts[0] = torch.stack(solo.state["drafts"], 1)
+        x = 0
+        while min(len(o) for o in out) < max_new_tokens:
+            lo, hi = groups[x]
+            bufs[x].verify_block.copy_(torch.cat([next_tok[lo:hi, None], drafts[x]], 1))
+            load_draft(1 - x)
+            rnd = rounds[x]
+            rnd()
+            drafts[1 - x] = torch.stack(rnd.draft.state["drafts"], 1)
+            n, bonus = chain_accept_greedy(drafts[x], rnd.target.state["logits"])
+            # Rows that have all their tokens stop advancing: they re-run the same round in place.
+            active = torch.tensor([len(o) < max_new_tokens for o in out[lo:hi]], device=dev)
+            emitted = torch.cat([drafts[x], bonus[:, None]], 1)
+            emitted.scatter_(1, n[:, None], bonus[:, None])
+            for r, (row, k) in enumerate(zip(emitted.tolist(), n.tolist(), strict=True)):
+                if active[r]:
+                    out[lo + r] += row[: k + 1]
+            # The token now at seq_len - 1 is the last accepted draft, or next_tok when none was accepted.
+            last = torch.where(n > 0, drafts[x].gather(1, (n - 1).clamp_min(0)[:, None])[:, 0], next_tok[lo:hi])
+            prev[lo:hi] = torch.where(active, last, prev[lo:hi])
+            seq_len[lo:hi] += (n + 1) * active
+            next_tok[lo:hi] = torch.where(active, bonus, next_tok[lo:hi])
+            x = 1 - x
+        return [o[:max_new_tokens] for o in out]

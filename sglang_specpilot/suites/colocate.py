@@ -1,0 +1,185 @@
+"""Colocate suite (one GPU): co-located draft/target rounds against the conventional round.
+
+Per pair (synthetic weights at the published shapes, batch split in two groups, gamma draft steps,
+``--prompt-len`` tokens already in the caches): the conventional round of one group (draft then verify,
+as one captured graph and as two graphs back to back), the plain two-stream round (the anchor), and the
+best plans MCTS finds without and with interleaved kernels; every plan is gated, checked numerically and
+timed anchor / candidate / control in paired blocks (``controller.plan_eval``). GPU utilization is the
+busy fraction of a ``torch.profiler`` kernel trace. ``--device cpu`` with tiny presets is a dry run of
+the bookkeeping (wall-clock times; no graphs, no trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..colocate.coschedule import CoScheduledRound
+from ..colocate.realize import RealizedGroup
+from ..colocate.segments import draft_chain, verify_chain
+from ..controller.mcts import MCTS
+from ..controller.plan_eval import PlanEvaluator, anchor_speedup, paired_ratio_median
+from ..controller.proposer import EditProposer, ProposalContext
+from ..engine.colocated import RoundBuffers, build_round
+from ..engine.kv_cache import KVCache
+from ..harness.bench import register_suite
+from ..harness.graphs import graph_replay
+from ..harness.timing import paired_timing
+from ..models.build import build_model
+from ..models.presets import preset_config
+
+PAIRS = {"llama-3.1-8b:llama-3.2-1b": "llama8b_1b", "qwen3-8b:qwen3-0.6b": "qwen3_8b_06b",
+         "llama-3.2-3b:llama-3.2-1b": "llama3b_1b"}
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pairs", default=",".join(PAIRS), help="target:draft presets, comma separated")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=1024)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--blocks", type=int, default=20)
+    p.add_argument("--inner", type=int, default=10)
+    p.add_argument("--search-iters", type=int, default=24)
+    p.add_argument("--state-dir", type=Path, default=None, help="keep MCTS state here (resumable)")
+
+
+def _slug(pair: str) -> str:
+    return PAIRS.get(pair) or pair.replace(":", "_").replace("-", "").replace(".", "")
+
+
+def _runner(fn, cuda: bool):
+    # Time graph replays on CUDA (launch overhead out of the measurement), eager calls on the CPU.
+    return graph_replay(fn) if cuda else fn
+
+
+def _gpu_busy_fraction(fn, cuda: bool, reps: int = 5) -> float | None:
+    """Union of kernel intervals over the span of the trace, for ``reps`` calls of ``fn``."""
+    if not cuda:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return None
+    busy, cur_s, cur_e = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return busy / max(1e-9, spans[-1][1] - spans[0][0])
+
+
+def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
+    dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    cuda = dev.type == "cuda"
+    tname, dname = pair.split(":")
+    kv_len = args.prompt_len + 2 * (args.gamma + 1) + 64
+    target = build_model(preset_config(tname), device=dev, dtype=dtype, synthetic_seed=0, max_positions=kv_len)
+    draft = build_model(preset_config(dname), device=dev, dtype=dtype, synthetic_seed=1, max_positions=kv_len)
+    g = torch.Generator(device=dev).manual_seed(0)
+    tk, dk = (KVCache(m.cfg, args.batch, kv_len, dev, dtype) for m in (target, draft))
+    for k, v in tk.layers + dk.layers:  # never time on zeros
+        k.normal_(generator=g)
+        v.normal_(generator=g)
+    h = args.batch // 2
+    a = RoundBuffers(target, draft, tk, dk, 0, h, args.gamma, kv_len)
+    b = RoundBuffers(target, draft, tk, dk, h, args.batch, args.gamma, kv_len)
+    V = min(target.cfg.vocab_size, draft.cfg.vocab_size)  # real pairs share a vocabulary; tiny ones may not
+    for buf in (a, b):
+        buf.load(torch.full((buf.hi - buf.lo,), args.prompt_len, device=dev))
+        buf.verify_block.copy_(torch.randint(2, V, buf.verify_block.shape, device=dev, generator=g))
+        buf.draft_block.copy_(torch.randint(2, V, buf.draft_block.shape, device=dev, generator=g))
+
+    def make(plan):
+        return build_round(target, draft, a, b, plan)
+
+    with torch.inference_mode():
+        # Conventional round of one group: draft then verify, in one graph and as two graphs.
+        seq = CoScheduledRound(verify_chain(target, a.t_inputs), draft_chain(draft, a.d_inputs), streams=False,
+                               device=dev)
+        d_only, t_only = draft_chain(draft, a.d_inputs), verify_chain(target, a.t_inputs)
+        d_run, t_run = _runner(d_only.run, cuda), _runner(t_only.run, cuda)
+        anchor = make(None)
+        base = paired_timing({"seq_graph": _runner(seq.run, cuda), "back_to_back": lambda: (d_run(), t_run()),
+                              "anchor": _runner(anchor.run, cuda)}, blocks=args.blocks, inner=args.inner,
+                             device=dev)
+        s_anchor, fastest = anchor_speedup(base, "anchor", ["seq_graph", "back_to_back"])
+
+        def build(plan):
+            return _runner(make(plan).run, cuda)
+
+        def outputs(plan):
+            rnd = make(plan)
+            rnd.run()
+            return {"target_logits": rnd.target.state["logits"].clone(),
+                    "draft_logits": torch.stack(rnd.draft.state["draft_logits"], 1).clone()}
+
+        def group_times(group):
+            rnd = make(None)
+            rnd.run()  # fills every slot the members read
+            ops = []
+            for m in group.members:
+                info = rnd.catalog[m]
+                ch = rnd.target if info.model == "target" else rnd.draft
+                ops.append((m, ch.segments[info.segment].ops[info.position], ch.state))
+            realized = RealizedGroup(group, [(op, st) for _, op, st in ops], dev)
+            variants = {m: _runner(lambda op=op, st=st: op.run(st), cuda) for m, op, st in ops}
+            variants["group"] = _runner(realized.run, cuda)
+            return paired_timing(variants, blocks=args.blocks, inner=args.inner, device=dev)
+
+        catalog = anchor.catalog
+        evaluator = PlanEvaluator(catalog, build, outputs, group_times, s_anchor, device=str(dev),
+                                  blocks=args.blocks, inner=args.inner)
+        best = {}
+        for label, root_interleave in (("no_interleave", False), ("interleave", True)):
+            from ..colocate.plan import JointPlan
+
+            path = args.state_dir / f"{_slug(pair)}_{label}.json" if args.state_dir else None
+            search = MCTS(EditProposer(seed=0), evaluator, ProposalContext(catalog),
+                          root=JointPlan(interleave=root_interleave), state_path=path)
+            plan = search.run(args.search_iters)
+            best[label] = (plan, search.records[plan.key])
+        busy = {"conventional": _gpu_busy_fraction(_runner(seq.run, cuda), cuda),
+                "anchor": _gpu_busy_fraction(_runner(anchor.run, cuda), cuda),
+                "best": _gpu_busy_fraction(build(best["interleave"][0]), cuda)}
+
+    slug = _slug(pair)
+    metrics = {
+        f"round_speedup_{slug}": float(best["interleave"][1]["reward"]),
+        f"round_speedup_no_interleave_{slug}": float(best["no_interleave"][1]["reward"]),
+        f"round_speedup_two_stream_{slug}": float(s_anchor),
+    }
+    rows = [{"case": f"{slug}.baselines", "target": tname, "draft": dname, "batch": args.batch, "gamma": args.gamma,
+             "prompt_len": args.prompt_len, "weights": "synthetic", "fastest_conventional": fastest,
+             "median_us": {n: base.median(n) * 1e6 for n in base.names},
+             "anchor_over_seq_graph": paired_ratio_median(base, "seq_graph", "anchor"), "gpu_busy": busy}]
+    for label, (plan, rec) in best.items():
+        rows.append({"case": f"{slug}.best_{label}", "plan": plan.to_dict(), "reward": rec["reward"],
+                     "info": rec["info"], "verdicts": rec["verdicts"]})
+    return metrics, rows
+
+
+@register_suite("colocate", add_args=_args)
+def colocate(args):
+    """Co-located draft/target rounds: conventional, two-stream, searched plans without / with interleaving."""
+    out = {"metrics": {}, "rows": [], "weights": "synthetic"}
+    if args.state_dir:
+        args.state_dir.mkdir(parents=True, exist_ok=True)
+    for pair in args.pairs.split(","):
+        metrics, rows = run_pair(pair, args)
+        out["metrics"].update(metrics)
+        out["rows"] += rows
+    return out
