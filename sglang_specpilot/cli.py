@@ -64,8 +64,11 @@ def engine_options(args: argparse.Namespace):
     if args.mode == "spec" and args.draft is None:
         if args.draft_layers:
             draft_layers = args.draft_layers
-        elif args.model is None and default_drafter() is not None:
-            draft = str(default_drafter())  # the trained drafter shipped for the embedded target
+        elif args.model is None and default_drafter() is not None and wants_tree(args):
+            # Trees of the embedded target draft with the shipped trained drafter. Plain chains keep prompt
+            # lookup: on the H200 (HumanEval/100-103, batch 1) it ran 1392 tok/s against 308 for the chain with
+            # the trained drafter and 693 for AR (benchmarks/results/foundation_h200.json, trees_h200.json).
+            draft = str(default_drafter())
         else:
             ngram = args.ngram
     tree = args.mode == "spec"
@@ -88,6 +91,10 @@ def engine_options(args: argparse.Namespace):
         tree_depth=args.tree_depth if tree else None,
         tree_top_k=args.tree_top_k if tree else None,
     )
+
+
+def wants_tree(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k, None) is not None for k in ("tree_budget", "tree_depth", "tree_top_k"))
 
 
 def default_drafter():

@@ -129,9 +129,10 @@ def provenance(repo: Path | None = None, device: str | torch.device | None = Non
     repo = repo_root(repo)
     head = _git(repo, "rev-parse", "HEAD")
     status = _git(repo, "status", "--porcelain", "--", ".", f":(exclude){RESULTS_SUBDIR.as_posix()}")
-    if head is None and os.environ.get("SPECPILOT_COMMIT"):
-        # A GPU machine that gets a copy of the work tree without its git history: whoever sends the
-        # copy states its commit and whether the tree was clean (SPECPILOT_DIRTY=0).
+    if os.environ.get("SPECPILOT_COMMIT"):
+        # A GPU machine that gets a copy of the work tree: whoever sends the copy states its commit and whether
+        # the tree was clean (SPECPILOT_DIRTY=0). This wins over git there: the device's copy carried a stale
+        # .git of an older commit, and its header named that commit, dirty (H200, 2026-11-29).
         head = os.environ["SPECPILOT_COMMIT"]
         status = "" if os.environ.get("SPECPILOT_DIRTY") == "0" else None
     versions = {"python": platform.python_version(), "torch": torch.__version__}
