@@ -140,13 +140,18 @@ def gpu_file_slug(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def tuned_table(device_name: str) -> dict[str, GemmConfig]:
-    """The tuned configs of a device (empty if none were written for it)."""
+def tuned_table(device_name: str, section: str = "configs") -> dict:
+    """The tuned configs of a device (empty if none were written for it): section "configs" holds the Triton
+    kernels' ``GemmConfig``, "mma" the CUDA kernel's ``mma.MmaConfig``."""
     path = TUNED_DIR / f"{gpu_file_slug(device_name)}.json"
     if not path.exists():
         return {}
+    if section == "mma":
+        from .mma import MmaConfig as cls
+    else:
+        cls = GemmConfig
     raw = json.loads(path.read_text())
-    return {key: GemmConfig(**cfg) for key, cfg in raw.get("configs", {}).items()}
+    return {key: cls(**cfg) for key, cfg in raw.get(section, {}).items()}
 
 
 def save_tuned(device_name: str, configs: dict, extra: dict | None = None, section: str = "configs") -> Path:
@@ -158,9 +163,6 @@ def save_tuned(device_name: str, configs: dict, extra: dict | None = None, secti
     merged = {**old.get(section, {}), **{k: c.to_dict() for k, c in configs.items()}}
     path.write_text(json.dumps({**old, **(extra or {}), section: dict(sorted(merged.items()))}, indent=1) + "\n")
     tuned_table.cache_clear()
-    from .mma import tuned_mma_table
-
-    tuned_mma_table.cache_clear()
     return path
 
 

@@ -60,7 +60,6 @@ from .decode import (
     _pairs_to_columns,
     _row_base2,
     check_w12,
-    launchable,
     quads_aligned,
 )
 from .escapes import _apply_escapes, escape_row_ptr, placeholder_values
@@ -315,7 +314,7 @@ def _w12_gemm_op(
     else:
         part = torch.empty(1, device=x.device, dtype=torch.float32)  # unused
     upcast = INTERPRETED and cfg.use_dot
-    launchable(_w12_gemm_kernel)[grid](
+    _w12_gemm_kernel[grid](
         x,
         hi,
         lo,
