@@ -30,10 +30,10 @@ def main(argv: list[str]) -> int:
         p.add_argument("--iters", type=int, default=30)
         p.add_argument("--no-view8", action="store_true")
         p.add_argument("--log", default=None, help="also write the tuner's log (every config tried) as JSON")
-        p.add_argument("--backend", choices=("cuda", "triton"), default="cuda", help="which kernel to tune")
+        p.add_argument("--backend", choices=("triton", "cuda"), default="triton", help="which kernel to tune")
         a = p.parse_args(argv)
-        tune = suite.tune_mma if a.backend == "cuda" else suite.tune
-        out = tune(a.models.split(","), [int(m) for m in a.ms.split(",")], iters=a.iters, view8=not a.no_view8)
+        Ms = [int(m) for m in a.ms.split(",")]
+        out = suite.tune(a.models.split(","), Ms, backend=a.backend, iters=a.iters, view8=not a.no_view8)
         if a.log:
             with open(a.log, "w") as f:
                 json.dump(out, f, indent=1)

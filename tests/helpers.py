@@ -63,3 +63,45 @@ def run_kernel_cases_in_interpreter(test_file: str, keyword: str) -> None:
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     assert "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# W12 kernels (test_w12_kernels.py, test_w12_mma.py)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def bits16(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def assert_within(y, y_ref, tol, what=""):
+    err = (y.float() - y_ref.float()).abs()
+    bad = ~(err <= tol)
+    if bad.any():
+        m, n = (int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {y.numel()} outside the tolerance, max err/tol "
+            f"{(err / tol).max().item():.3g}; first at [m={m}, n={n}]: {y[m, n].item()} vs "
+            f"{y_ref[m, n].item()} (tol {tol[m, n].item():.3g})"
+        )
+
+
+def check_nonfinite_escapes(gemm, w_bf16: torch.Tensor, x: torch.Tensor) -> None:
+    """Plant inf (row 4), -inf and inf (row 9: inf - inf = NaN) and NaN (row 20) in ``w_bf16`` [N >= 21, K >= 14]
+    and check ``gemm(x, w12)``: the non-finite outputs are exactly the reference's and only in those rows (no
+    0 * inf leaks into another row), every other output within ``gemm_tolerance``."""
+    from w12.codec import encode
+    from w12.kernels import gemm_tolerance, w12_gemm_ref
+
+    w_bf16[4, 10] = float("inf")
+    w_bf16[9, 11], w_bf16[9, 12] = float("-inf"), float("inf")
+    w_bf16[20, 13] = float("nan")
+    w = encode(w_bf16)
+    y = gemm(x, w)
+    ref = w12_gemm_ref(x, w, out_dtype=torch.float32)
+    finite = ref.isfinite()
+    assert set((~finite).any(0).nonzero().flatten().tolist()) == {4, 9, 20}
+    assert torch.equal(y.float()[~finite].nan_to_num(nan=7.0), ref[~finite].nan_to_num(nan=7.0))
+    zero = torch.zeros_like(ref)
+    tol = torch.where(finite, gemm_tolerance(x, w, ref), zero)
+    assert_within(torch.where(finite, y.float(), zero), torch.where(finite, ref, zero), tol, "finite rows")

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 import triton
-from helpers import run_kernel_cases_in_interpreter
+from helpers import assert_within, bits16, check_nonfinite_escapes, run_kernel_cases_in_interpreter
 
 from w12.codec import encode
 from w12.format import W12Tensor, decode_reference, decode_view8_reference
@@ -59,10 +59,6 @@ KERNEL_HERE = torch.cuda.is_available() or INTERPRETED
 kernel_case = pytest.mark.skipif(
     not KERNEL_HERE, reason="on a CPU the kernel cases run in test_kernel_cases_in_interpreter's child"
 )
-
-
-def bits16(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16)
 
 
 def make_weight(N: int, K: int, seed: int = 0, specials: bool = True) -> torch.Tensor:
@@ -101,18 +97,6 @@ def every_code_record(K: int, bases: tuple[int, ...] = (0, 1, 127, 240)) -> W12T
 
 def to_device(w: W12Tensor, device) -> W12Tensor:
     return W12Tensor(*(t.to(device) for t in (w.hi, w.lo, w.base, w.esc_idx, w.esc_val)), w.shape)
-
-
-def assert_within(y, y_ref, tol, what=""):
-    err = (y.float() - y_ref.float()).abs()
-    bad = ~(err <= tol)
-    if bad.any():
-        m, n = (int(i) for i in bad.nonzero()[0])
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {y.numel()} outside the tolerance, max err/tol "
-            f"{(err / tol).max().item():.3g}; first at [m={m}, n={n}]: {y[m, n].item()} vs "
-            f"{y_ref[m, n].item()} (tol {tol[m, n].item():.3g})"
-        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -284,6 +268,13 @@ def test_tuned_table_roundtrip(tmp_path, monkeypatch):
     assert path.name == "h200.json"
     assert config_module.tuned_table("NVIDIA H200")[key] == cfg
     assert config_module.table_key(3, 4096, 4096, True) == "view8_m4_n4096_k4096"
+    # The CUDA kernel's section shares the file and leaves the Triton configs in place.
+    from w12.kernels.mma import MmaConfig
+
+    mcfg = MmaConfig(32, 4, 2)
+    config_module.save_tuned("NVIDIA H200", {key: mcfg}, section="mma")
+    assert config_module.tuned_table("NVIDIA H200", "mma")[key] == mcfg
+    assert config_module.tuned_table("NVIDIA H200")[key] == cfg
     config_module.tuned_table.cache_clear()
 
 
@@ -364,6 +355,12 @@ def test_bench_suite_helpers():
     assert metrics["gemm_speedup_min_m1_llama8b"] == 1.2
     assert abs(metrics["gemm_speedup_geomean_m1_llama8b"] - (1.2 * 1.5 * 1.35) ** (1 / 3)) < 1e-3
     assert "gemm_speedup_geomean_m32_llama8b" in metrics
+    # The tuner's launches: distinct configs only, each with the kwargs that select it.
+    for backend, key in (("triton", "config"), ("cuda", "mma_config")):
+        trials = suite._trials(backend, 1, 4096, 4096, 132)
+        assert trials and all(kw[key] is cfg for cfg, kw, _ in trials)
+        launched = [(c.rows_per_warp, c.warps, f["splits"]) if backend == "cuda" else c for c, _, f in trials]
+        assert len(set(launched)) == len(launched)
 
 
 def test_bench_suite_dry_run_on_cpu(monkeypatch):
@@ -604,21 +601,8 @@ def test_kernel_one_hot_x_reproduces_weights(cfg):
     "cfg,M", [(GemmConfig(64, 128, split_k=2), 3), (GemmConfig(32, 64, use_dot=True), 17)]
 )
 def test_kernel_nonfinite_escapes_stay_in_their_rows(cfg, M):
-    N, K = 70, 200
-    w_bf16 = make_weight(N, K, specials=False)
-    w_bf16[4, 10] = float("inf")
-    w_bf16[9, 11], w_bf16[9, 12] = float("-inf"), float("inf")  # inf - inf = NaN
-    w_bf16[20, 13] = float("nan")
-    w = encode(w_bf16.to(DEVICE))
-    x = torch.randn(M, K, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEVICE)
-    y = w12_gemm(x, w, config=cfg)
-    ref = w12_gemm_ref(x, w, out_dtype=torch.float32)
-    finite = ref.isfinite()
-    assert set((~finite).any(0).nonzero().flatten().tolist()) == {4, 9, 20}
-    assert torch.equal(y.float()[~finite].nan_to_num(nan=7.0), ref[~finite].nan_to_num(nan=7.0))
-    zero = torch.zeros_like(ref)
-    tol = torch.where(finite, gemm_tolerance(x, w, ref), zero)
-    assert_within(torch.where(finite, y.float(), zero), torch.where(finite, ref, zero), tol, "finite rows")
+    x = torch.randn(M, 200, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEVICE)
+    check_nonfinite_escapes(lambda x, w: w12_gemm(x, w, config=cfg), make_weight(70, 200, specials=False).to(DEVICE), x)
 
 
 @kernel_case

@@ -253,10 +253,33 @@ def w12_gemm(args: argparse.Namespace) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _tune_one(fn, ref_fn, x, w, copies, view8: bool, num_sms: int, iters: int, log: list) -> tuple | None:
-    """(fastest config, its us per call) among the candidates for x's M, or None if none ran correctly."""
-    from w12.kernels import gemm_tolerance
+def _trials(backend: str, M: int, N: int, K: int, num_sms: int) -> list[tuple]:
+    """(config, launcher kwargs, log fields) for every launch the tuner times at this shape, de-duplicated by
+    what actually launches (split-K is re-derived per shape)."""
+    out, seen = [], set()
+    if backend == "cuda":
+        from w12.kernels.mma import MmaConfig, splits_for
+
+        for cand in (MmaConfig(r, nw, sp) for r in (16, 32) for nw in (4, 8) for sp in (0, 1, 2, 4, 8)):
+            eff = (cand.rows_per_warp, cand.warps, splits_for(M, N, K, cand, num_sms))
+            if eff not in seen:
+                seen.add(eff)
+                out.append((cand, {"backend": "cuda", "mma_config": cand}, {"splits": eff[2]}))
+        return out
     from w12.kernels.config import candidates, with_split
+
+    for cand in candidates(M):
+        for split in (None, 1):  # the heuristic's split, and none
+            cfg = with_split(cand, M, N, K, split, num_sms)
+            if cfg not in seen:
+                seen.add(cfg)
+                out.append((cfg, {"config": cfg}, {}))
+    return out
+
+
+def _fastest(fn, ref_fn, x, w, copies, view8: bool, trials, iters: int, log: list, extra: dict) -> tuple | None:
+    """(fastest config, its us per call) among ``trials`` that stay within tolerance; every try is logged."""
+    from w12.kernels import gemm_tolerance
 
     from ..harness.graphs import graph_replay
     from .common import cuda_times_ms, median
@@ -265,72 +288,49 @@ def _tune_one(fn, ref_fn, x, w, copies, view8: bool, num_sms: int, iters: int, l
     ref = ref_fn(x, w, out_dtype=torch.float32)
     tol = gemm_tolerance(x, w, ref, view8=view8)
     counters = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    trials: list[tuple] = []
-    for cand in candidates(M):
-        for split in (None, 1):  # the heuristic's split, and none
-            cfg = with_split(cand, M, N, K, split, num_sms)
-            if any(cfg == c for c, _ in trials):
+    timed: list[tuple] = []
+    for cfg, kwargs, fields in trials:
+        entry = {"K": K, "N": N, "M": M, "view8": view8, "config": cfg.to_dict(), **fields}
+        try:
+            if not bool(((fn(x, w, counters=counters, **kwargs).float() - ref).abs() <= tol).all()):
+                log.append({**entry, "error": "outside tolerance"})
                 continue
-            entry = {"K": K, "N": N, "M": M, "view8": view8, "config": cfg.to_dict()}
-            try:
-                if not bool(((fn(x, w, config=cfg).float() - ref).abs() <= tol).all()):
-                    log.append({**entry, "error": "outside tolerance"})
-                    continue
-                replay = graph_replay(_over_copies(fn, x, copies, config=cfg, counters=counters))
-                us = median(cuda_times_ms(replay, iters)) * 1e3 / len(copies)
-            except Exception as exc:  # a config that does not fit here (shared memory, registers)
-                log.append({**entry, "error": repr(exc)[:300]})
-                continue
-            log.append({**entry, "us": us})
-            trials.append((cfg, us))
-    return min(trials, key=lambda t: t[1]) if trials else None
+            replay = graph_replay(_over_copies(fn, x, copies, counters=counters, **kwargs))
+            us = median(cuda_times_ms(replay, iters)) * 1e3 / len(copies)
+        except Exception as exc:  # a config that does not fit here (shared memory, registers)
+            log.append({**entry, "error": repr(exc)[:300]})
+            continue
+        log.append({**entry, "us": us, **extra})
+        timed.append((cfg, us))
+    return min(timed, key=lambda t: t[1]) if timed else None
 
 
 def tune(
-    models: list[str], Ms: list[int], *, rotate_mb: int = 128, iters: int = 30, view8: bool = True
+    models: list[str],
+    Ms: list[int],
+    *,
+    backend: str = "triton",
+    rotate_mb: int = 128,
+    iters: int = 30,
+    view8: bool = True,
 ) -> dict:
-    """Time ``config.candidates`` per shape and M bucket; the fastest go to ``w12/kernels/tuned/<gpu>.json``.
+    """Time the launch configs of one backend per shape and M bucket, next to cuBLAS; the fastest go to
+    ``w12/kernels/tuned/<gpu>.json``: section "configs" for Triton (``config.candidates``), "mma" for the CUDA
+    kernel (``mma.MmaConfig`` shapes).
 
-    Returns ``{"configs": {key: config}, "log": [every config tried, with its time or error]}``.
+    Returns ``{section: {key: config}, "log": [every config tried, with its time or error]}``.
     """
     from w12.codec import encode
     from w12.kernels import w12_gemm, w12_gemm_ref, w12_view8_gemm, w12_view8_gemm_ref
     from w12.kernels.config import m_bucket, save_tuned, table_key
 
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    kinds = [(False, w12_gemm, w12_gemm_ref)] + (
-        [(True, w12_view8_gemm, w12_view8_gemm_ref)] if view8 else []
-    )
-    best, log = {}, []
-    for K, N in sorted({kn for m in models for kn in projection_shapes(m).values()}):
-        w = encode(synthetic_weight(K, N, 0))
-        copies = [w] + [_clone_w12(w) for _ in range(copies_for(N * K, rotate_mb << 20) - 1)]
-        for M in sorted({m_bucket(m) for m in Ms}):
-            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-            for is_view8, fn, ref_fn in kinds:
-                found = _tune_one(fn, ref_fn, x, w, copies, is_view8, num_sms, iters, log)
-                if found is not None:
-                    best[table_key(M, N, K, is_view8)] = found[0]
-                    kind = "view8" if is_view8 else "exact"
-                    print(f"K={K:<6} N={N:<7} M={M:<3} {kind}: {found[1]:8.1f} us  {found[0]}", flush=True)
-        torch.cuda.empty_cache()
-    print(save_tuned(torch.cuda.get_device_name(), best, extra={"tuned_on": torch.cuda.get_device_name()}))
-    return {"configs": {k: c.to_dict() for k, c in best.items()}, "log": log}
-
-
-def tune_mma(models: list[str], Ms: list[int], *, rotate_mb: int = 128, iters: int = 20, view8: bool = True) -> dict:
-    """Time the CUDA kernel's launch shapes (``w12.kernels.mma.MmaConfig``) per shape and M bucket, next to
-    cuBLAS; the fastest go to the ``"mma"`` section of ``w12/kernels/tuned/<gpu>.json``."""
-    from w12.codec import encode
-    from w12.kernels import gemm_tolerance, w12_gemm, w12_gemm_ref, w12_view8_gemm, w12_view8_gemm_ref
-    from w12.kernels.config import m_bucket, save_tuned, table_key
-    from w12.kernels.mma import MmaConfig, splits_for
-
     from ..harness.graphs import graph_replay
     from .common import cuda_times_ms, median
 
+    if backend not in ("triton", "cuda"):
+        raise ValueError(f"backend={backend!r}: triton or cuda")
+    section = "mma" if backend == "cuda" else "configs"
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cands = [MmaConfig(r, nw, sp) for r in (16, 32) for nw in (4, 8) for sp in (0, 1, 2, 4, 8)]
     kinds = [(False, w12_gemm, w12_gemm_ref)] + ([(True, w12_view8_gemm, w12_view8_gemm_ref)] if view8 else [])
     best, log = {}, []
     for K, N in sorted({kn for m in models for kn in projection_shapes(m).values()}):
@@ -339,37 +339,15 @@ def tune_mma(models: list[str], Ms: list[int], *, rotate_mb: int = 128, iters: i
         n_copies = copies_for(N * K * 3 // 2, rotate_mb << 20)
         copies = [w] + [_clone_w12(w) for _ in range(n_copies - 1)]
         bf16s = [w_bf16] + [w_bf16.clone() for _ in range(n_copies - 1)]
-        counters = torch.zeros(1024, dtype=torch.int32, device="cuda")
         for M in sorted({m_bucket(m) for m in Ms}):
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             cub = graph_replay(_over_copies(lambda a, b: torch.matmul(a, b.t()), x, bf16s))
             cublas_us = median(cuda_times_ms(cub, iters)) * 1e3 / n_copies
+            trials = _trials(backend, M, N, K, num_sms)
             for is_view8, fn, ref_fn in kinds:
-                ref = ref_fn(x, w, out_dtype=torch.float32)
-                tol = gemm_tolerance(x, w, ref, view8=is_view8)
-                trials, seen = [], set()
-                for cand in cands:
-                    eff = (cand.rows_per_warp, cand.warps, splits_for(M, N, K, cand, num_sms))
-                    if eff in seen:
-                        continue
-                    seen.add(eff)
-                    entry = {"K": K, "N": N, "M": M, "view8": is_view8, "config": cand.to_dict(), "splits": eff[2]}
-                    try:
-                        y = fn(x, w, backend="cuda", mma_config=cand, counters=counters)
-                        if not bool(((y.float() - ref).abs() <= tol).all()):
-                            log.append({**entry, "error": "outside tolerance"})
-                            continue
-                        run = graph_replay(
-                            _over_copies(fn, x, copies, backend="cuda", mma_config=cand, counters=counters)
-                        )
-                        us = median(cuda_times_ms(run, iters)) * 1e3 / n_copies
-                    except Exception as exc:  # a launch shape that does not fit (shared memory)
-                        log.append({**entry, "error": repr(exc)[:300]})
-                        continue
-                    log.append({**entry, "us": us, "cublas_us": cublas_us})
-                    trials.append((cand, us))
-                if trials:
-                    cfg, us = min(trials, key=lambda t: t[1])
+                found = _fastest(fn, ref_fn, x, w, copies, is_view8, trials, iters, log, {"cublas_us": cublas_us})
+                if found is not None:
+                    cfg, us = found
                     best[table_key(M, N, K, is_view8)] = cfg
                     kind = "view8" if is_view8 else "exact"
                     print(
@@ -380,5 +358,5 @@ def tune_mma(models: list[str], Ms: list[int], *, rotate_mb: int = 128, iters: i
         del copies, bf16s
         torch.cuda.empty_cache()
     name = torch.cuda.get_device_name()
-    print(save_tuned(name, best, extra={"tuned_on": name}, section="mma"))
-    return {"mma": {k: c.to_dict() for k, c in best.items()}, "log": log}
+    print(save_tuned(name, best, extra={"tuned_on": name}, section=section))
+    return {section: {k: c.to_dict() for k, c in best.items()}, "log": log}
