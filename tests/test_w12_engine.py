@@ -45,3 +45,23 @@ def test_converted_w12_folder_loads_bit_exact(tmp_path):
     assert cfg2.num_layers == cfg.num_layers and set(sd2) >= set(sd)
     for name, t in sd.items():
         assert torch.equal(sd2[name].view(torch.int16), t.view(torch.int16)), name
+
+
+def test_w12_ar_suite_dry_run_on_cpu(monkeypatch):
+    # The suite's bookkeeping on a tiny preset (its timings mean nothing here). On the CPU W12 decodes
+    # bit-exactly, so the greedy comparison must find no mismatch and token forcing must accept.
+    import argparse
+
+    from sglang_specpilot.suites import w12_ar
+
+    monkeypatch.setattr(w12_ar, "DEVICE", "cpu")
+    p = argparse.ArgumentParser()
+    w12_ar._args(p)
+    flags = "--preset tiny-llama --no-compile --blocks 2 --inner 1 --new-tokens 4 --repeats 1"
+    args = p.parse_args(flags.split())
+    out = {"metrics": {}, "rows": []}
+    w12_ar._llama8b(args, out)
+    m = out["metrics"]
+    assert m["llama8b_w12_vs_bf16_mismatched_prompts"] == 0 and m["llama8b_w12_forcing_accepted"] == 1
+    assert 0.7 < m["llama8b_w12_bytes_over_bf16"] < 0.8 and m["ar_speedup_bs1_llama8b"] > 0
+    assert len(out["rows"][1]["tokens_per_s"]["w12"]) == 2

@@ -51,26 +51,51 @@ def step_bytes(model) -> int:
     return total
 
 
-def _forcing(ref_engine, prompts_ids, stock_outputs, w12_outputs) -> dict:
+def _engine_pair(base: dict) -> dict:
+    """A BF16 and a W12 engine of the same weights (the same seed draws the same synthetic ones), warmed up."""
+    from ..config import EngineOptions
+    from ..engine import Engine
+    from ..engine.loading import load_engine_models
+
+    bf16, _, tok, opts = load_engine_models(EngineOptions(**base))
+    w12, _, _, _ = load_engine_models(EngineOptions(**base, weights="w12"))
+    engines = {"bf16": Engine(bf16, tok, opts), "w12": Engine(w12, tok, opts)}
+    for e in engines.values():
+        e.warmup()
+    return engines
+
+
+def _greedy_vs_bf16(engines: dict, prompts: list[str], params) -> tuple[dict, int]:
+    """Greedy tokens of both engines (in batches of their max batch size) and token forcing of both against the
+    BF16 engine: (forcing report, number of prompts whose tokens differ)."""
     from ..harness.token_forcing import compare_forcing, token_forcing
 
-    stock = token_forcing(ref_engine.teacher_force_logits, list(zip(prompts_ids, stock_outputs, strict=True)))
-    system = token_forcing(ref_engine.teacher_force_logits, list(zip(prompts_ids, w12_outputs, strict=True)))
-    verdict = compare_forcing(system, stock)
-    return {"stock": stock.to_dict(), "w12": system.to_dict(), "verdict": verdict.to_dict()}
+    def run(e) -> list[list[int]]:
+        n = e.options.max_batch_size
+        return [r.token_ids for i in range(0, len(prompts), n) for r in e.generate(prompts[i : i + n], params)]
+
+    ref, got = run(engines["bf16"]), run(engines["w12"])
+    ids = [engines["bf16"].encode(q) for q in prompts]
+    score = engines["bf16"].teacher_force_logits
+    stock = token_forcing(score, list(zip(ids, ref, strict=True)))
+    system = token_forcing(score, list(zip(ids, got, strict=True)))
+    forcing = {"stock": stock.to_dict(), "w12": system.to_dict(), "verdict": compare_forcing(system, stock).to_dict()}
+    return forcing, sum(a != b for a, b in zip(ref, got, strict=True))
 
 
-def _engines(opts, models):
-    from ..engine import Engine
-
-    return {name: Engine(m, tok, opts) for name, (m, tok) in models.items()}
+def _interleaved_rates(engines: dict, prompts: list[str], params, repeats: int) -> dict[str, list[float]]:
+    """generate() tokens/s at batch 1, per prompt in the order bf16, w12, w12, bf16."""
+    rates: dict[str, list[float]] = {"bf16": [], "w12": []}
+    for _ in range(repeats):
+        for q in prompts:
+            for name in ("bf16", "w12", "w12", "bf16"):
+                rates[name].append(engines[name].generate([q], params)[0].tokens_per_s)
+    return rates
 
 
 def _llama8b(args, out) -> None:
-    from ..config import EngineOptions
     from ..engine import SamplingParams
     from ..engine.attn_meta import causal_tree
-    from ..engine.loading import load_engine_models
     from ..harness.timing import paired_timing
 
     base = dict(
@@ -83,11 +108,7 @@ def _llama8b(args, out) -> None:
         max_seq_len=1024,
         compile=not args.no_compile,
     )
-    bf16, _, tok, opts = load_engine_models(EngineOptions(**base))
-    w12, _, _, _ = load_engine_models(EngineOptions(**base, weights="w12"))  # same seed: same weights
-    engines = _engines(opts, {"bf16": (bf16, tok), "w12": (w12, tok)})
-    for e in engines.values():
-        e.warmup()
+    engines = _engine_pair(base)
     anc, depth = causal_tree(1, DEVICE)
     steps = {}
     for name, e in engines.items():
@@ -95,7 +116,7 @@ def _llama8b(args, out) -> None:
         steps[name] = (lambda e=e, s=seq_len, t=next_tok: e.target_runner.step(t[:, None], s, anc, depth))
     times = paired_timing(steps, blocks=args.blocks, inner=args.inner, device=DEVICE)
     ci = times.ratio("bf16", "w12")
-    bytes_ = {name: step_bytes(m) for name, m in (("bf16", bf16), ("w12", w12))}
+    bytes_ = {name: step_bytes(e.target) for name, e in engines.items()}
     out["rows"].append(
         {
             "case": "llama8b.ar_step.bs1",
@@ -114,12 +135,8 @@ def _llama8b(args, out) -> None:
     m["llama8b_w12_bytes_over_bf16"] = round(bytes_["w12"] / bytes_["bf16"], 4)
 
     # End-to-end generate() tokens/s, interleaved bf16, w12, w12, bf16.
-    prompt = "The history of the printing press"
     p = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
-    rates: dict[str, list[float]] = {"bf16": [], "w12": []}
-    for _ in range(args.repeats):
-        for name in ("bf16", "w12", "w12", "bf16"):
-            rates[name].append(engines[name].generate([prompt], p)[0].tokens_per_s)
+    rates = _interleaved_rates(engines, ["The history of the printing press"], p, args.repeats)
     out["rows"].append({"case": "llama8b.ar_generate.bs1", "weights": "synthetic", "tokens_per_s": rates})
     m["llama8b_bf16_tok_s_bs1"] = round(median(rates["bf16"]), 1)
     m["llama8b_w12_tok_s_bs1"] = round(median(rates["w12"]), 1)
@@ -129,43 +146,28 @@ def _llama8b(args, out) -> None:
     # means nothing, but the argmax chain is a real check of the GEMM).
     prompts = ["The history of the printing press", "def quicksort(xs):", "Once upon a time", "1, 2, 3,"]
     p64 = SamplingParams(max_new_tokens=64, ignore_eos=True)
-    ref = [engines["bf16"].generate([q], p64)[0].token_ids for q in prompts]
-    got = [engines["w12"].generate([q], p64)[0].token_ids for q in prompts]
-    ids = [engines["bf16"].encode(q) for q in prompts]
-    forcing = _forcing(engines["bf16"], ids, ref, got)
+    forcing, mismatched = _greedy_vs_bf16(engines, prompts, p64)
     out["rows"].append({"case": "llama8b.w12_vs_bf16_greedy", "weights": "synthetic", **forcing})
-    m["llama8b_w12_vs_bf16_mismatched_prompts"] = sum(a != b for a, b in zip(ref, got, strict=True))
+    m["llama8b_w12_vs_bf16_mismatched_prompts"] = mismatched
     m["llama8b_w12_forcing_accepted"] = int(forcing["verdict"]["accepted"])
 
 
 def _smollm2(args, out) -> None:
-    from ..config import EngineOptions
     from ..engine import SamplingParams
-    from ..engine.loading import load_engine_models
 
     base = dict(model=args.smollm2, max_batch_size=8, graph_batch_sizes=(1, 8), max_seq_len=1024,
                 compile=not args.no_compile)
-    bf16, _, tok, opts = load_engine_models(EngineOptions(**base))
-    w12, _, _, _ = load_engine_models(EngineOptions(**base, weights="w12"))
-    engines = _engines(opts, {"bf16": (bf16, tok), "w12": (w12, tok)})
-    for e in engines.values():
-        e.warmup()
+    engines = _engine_pair(base)
     prompts = humaneval_prompts(range(100, 108))
     p64 = SamplingParams(max_new_tokens=64, ignore_eos=True)
-    ref = [r.token_ids for r in engines["bf16"].generate(prompts, p64)]
-    got = [r.token_ids for r in engines["w12"].generate(prompts, p64)]
-    ids = [engines["bf16"].encode(q) for q in prompts]
-    forcing = _forcing(engines["bf16"], ids, ref, got)
+    forcing, mismatched = _greedy_vs_bf16(engines, prompts, p64)
     m = out["metrics"]
-    m["smollm2_w12_vs_bf16_mismatched_prompts"] = sum(a != b for a, b in zip(ref, got, strict=True))
+    m["smollm2_w12_vs_bf16_mismatched_prompts"] = mismatched
     m["smollm2_w12_forcing_mismatch_rate"] = round(forcing["w12"]["rate"], 5)
     m["smollm2_bf16_forcing_mismatch_rate"] = round(forcing["stock"]["rate"], 5)
     m["smollm2_w12_forcing_accepted"] = int(forcing["verdict"]["accepted"])
     p = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
-    rates: dict[str, list[float]] = {"bf16": [], "w12": []}
-    for q in prompts[:2]:
-        for name in ("bf16", "w12", "w12", "bf16"):
-            rates[name].append(engines[name].generate([q], p)[0].tokens_per_s)
+    rates = _interleaved_rates(engines, prompts[:2], p, 1)
     out["rows"].append(
         {"case": "smollm2.w12_vs_bf16", "prompts": "HumanEval/100-107", "new_tokens": 64, **forcing,
          "tokens_per_s_bs1": rates}
