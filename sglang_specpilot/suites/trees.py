@@ -122,6 +122,8 @@ def _real(args, out) -> None:
 
 
 def _verify(args, out) -> None:
+    from tree_verify import ancestor_mask
+
     from ..engine.runner import ModelRunner
     from ..models.build import build_model
     from ..models.presets import preset_config
@@ -149,14 +151,10 @@ def _verify(args, out) -> None:
         times = {}
         for n in VERIFY_ROWS:
             # A random tree of n rows (parent before child): the mask's shape, not its content, sets the cost.
-            parents = [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)]
-            anc = torch.zeros(n, n, dtype=torch.bool)
-            depth = torch.zeros(n, dtype=torch.long)
-            for i, p in enumerate(parents):
-                anc[i, i] = True
-                if p >= 0:
-                    anc[i] |= anc[p]
-                    depth[i] = depth[p] + 1
+            # Node i - 1 is block row i; its parent is block row p, node p - 1 (-1: the root).
+            parents = torch.tensor([int(torch.randint(0, i, (), generator=g)) - 1 for i in range(1, n)])
+            anc = ancestor_mask(parents.long())
+            depth = anc.sum(-1) - 1
             anc, depth = anc.to(args.device), depth.to(args.device)
             toks = torch.randint(0, cfg.vocab_size, (1, n), device=args.device)
             ms = _times_ms(
