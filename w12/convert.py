@@ -115,17 +115,14 @@ def _gguf_source(path: Path) -> Source:
 def _safetensors_source(path: Path) -> Source:
     if (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file():
         raise W12FormatError(f"{path}: already a W12 folder")
+    from sglang_specpilot.models.errors import CheckpointError
+    from sglang_specpilot.models.safetensors_loader import weight_files
+
     index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
-            raise W12FormatError(f"{index}: not a valid safetensors index: {e}") from e
-        files = [path / f for f in sorted(set(weight_map.values()))]
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise W12FormatError(f"{path}: no *.safetensors files")
+    try:
+        files = weight_files(path)  # the shards the index names, else every *.safetensors
+    except CheckpointError as e:
+        raise W12FormatError(str(e)) from e
     handles, owner, numel = {}, {}, {}
     for file in files:
         try:

@@ -27,7 +27,7 @@ def _read_config(path: Path) -> dict:
         raise CheckpointError(f"{cfg_path}: cannot be parsed as JSON: {e}") from e
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
     """The shards the index names, or every ``*.safetensors`` in the folder when there is no index."""
     index = path / _INDEX
     if index.is_file():
@@ -69,7 +69,7 @@ def load_safetensors_folder(path: str | Path) -> tuple[ModelConfig, dict[str, to
         config = ModelConfig.from_hf(raw_cfg)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path / 'config.json'}: unusable config: {type(e).__name__}: {e}") from e
-    files = _weight_files(path)
+    files = weight_files(path)
     state_dict: dict[str, torch.Tensor] = {}
     header: dict = {}
     for file in files:
