@@ -83,3 +83,14 @@ def test_memory_budget(catalog):
     assert L.check_plan(JointPlan((QKV, NORM), memory_budget_bytes=need), catalog) == []
     # The placement control builds no interleaved kernels, so it needs no extra memory.
     assert L.memory_bytes(JointPlan((QKV, NORM)).control(), catalog) == 0
+
+
+def test_stream_priority_is_part_of_the_plan(catalog):
+    plan = JointPlan((QKV,), priority="draft")
+    back = JointPlan.from_json(plan.to_json())
+    assert back == plan and back.priority == "draft"
+    # Distinct search nodes, and the placement control keeps the same scheduling arrangement.
+    assert plan.key != JointPlan((QKV,)).key and JointPlan().key == "<empty>"
+    assert plan.control().priority == "draft" and plan.with_groups(()).priority == "draft"
+    assert L.check_plan(plan, catalog) == []
+    assert codes(JointPlan(priority="sideways"), catalog) == {L.BAD_PRIORITY}

@@ -34,9 +34,11 @@ def synthetic_reward(plan: JointPlan) -> Evaluation:
 def test_edit_proposer_enumerates_only_legal_edits():
     cat = synthetic_catalog()
     kinds = {k for k, _ in EditProposer().edits(JointPlan(), cat)}
-    assert kinds == {"add"}
-    one = EditProposer().edits(JointPlan(), cat)[0][1]
-    assert {k for k, _ in EditProposer().edits(one, cat)} == {"add", "remove"}
+    assert kinds == {"add", "priority"}
+    one = next(p for k, p in EditProposer().edits(JointPlan(), cat) if k == "add")
+    assert {k for k, _ in EditProposer().edits(one, cat)} == {"add", "remove", "priority"}
+    prio = {p.priority for k, p in EditProposer().edits(one, cat) if k == "priority"}
+    assert prio == {"draft", "target"}
 
 
 def test_mcts_finds_the_known_optimum(tmp_path):
@@ -68,7 +70,7 @@ def test_mcts_resumes_from_its_state(tmp_path):
 
 def test_failed_plans_get_the_lowest_reward():
     def failing(plan):
-        return Evaluation(None, [{"code": "NUMERICS"}]) if plan.groups else Evaluation(1.0)
+        return Evaluation(None, [{"code": "NUMERICS"}]) if plan.key != "<empty>" else Evaluation(1.0)
 
     search = MCTS(EditProposer(), failing, ProposalContext(synthetic_catalog()))
     search.run(5)

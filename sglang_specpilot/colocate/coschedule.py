@@ -37,10 +37,14 @@ class PlanError(ValueError):
 class _Streams:
     """Two side streams and the events between them; every method is a no-op off CUDA."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, priority: str = "equal"):
         self.cuda = device.type == "cuda"
         if self.cuda:
-            self.target, self.draft = torch.cuda.Stream(device), torch.cuda.Stream(device)
+            # CUDA stream priorities: lower is higher; -1 is the highest torch exposes on every GPU. Kernel
+            # nodes captured from a stream keep its priority in the graph.
+            prio = {"target": -1 if priority == "target" else 0, "draft": -1 if priority == "draft" else 0}
+            self.target = torch.cuda.Stream(device, priority=prio["target"])
+            self.draft = torch.cuda.Stream(device, priority=prio["draft"])
 
     def on(self, which: str):
         if not self.cuda:
@@ -90,7 +94,7 @@ class CoScheduledRound:
         if problems:
             raise PlanError(problems)
         device = torch.device(device or "cpu")
-        self.streams = _Streams(device) if streams else _Streams(torch.device("cpu"))
+        self.streams = _Streams(device, self.plan.priority) if streams else _Streams(torch.device("cpu"))
         self.nodes = self._nodes(device)
         self.graph = None
 

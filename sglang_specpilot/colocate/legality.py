@@ -6,10 +6,10 @@ fails one is rejected with its code, and the code goes back to the proposer so i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .ops import OpInfo, member_proportions
-from .plan import FAMILIES, JointNode, JointPlan
+from .plan import FAMILIES, PRIORITIES, JointNode, JointPlan
 
 # Feedback codes (stable strings: stored in search state and shown to proposers).
 UNKNOWN_OP = "UNKNOWN_OP"  # a member names no operation of the round
@@ -24,6 +24,7 @@ NOT_INJECTIVE = "NOT_INJECTIVE"  # two joint nodes share a target segment or a d
 CYCLE = "CYCLE"  # the placement would need work to wait for work that waits for it
 MEMORY_BUDGET = "MEMORY_BUDGET"  # the interleaved kernels' buffers and tables exceed the budget
 BAD_CONFIG = "BAD_CONFIG"  # a kernel configuration the kernels cannot run
+BAD_PRIORITY = "BAD_PRIORITY"  # a stream priority the co-scheduler does not know
 
 DESC_BYTES_PER_UNIT = 16 * 8  # one grouped-GEMM descriptor row
 
@@ -81,6 +82,8 @@ def memory_bytes(plan: JointPlan, catalog: dict[str, OpInfo]) -> int:
 def check_plan(plan: JointPlan, catalog: dict[str, OpInfo]) -> list[Feedback]:
     """Every legality problem of ``plan`` over the round described by ``catalog`` (empty = legal)."""
     out: list[Feedback] = []
+    if plan.priority not in PRIORITIES:
+        out.append(Feedback(BAD_PRIORITY, "", f"priority {plan.priority!r} is not one of {PRIORITIES}"))
     seen: dict[str, str] = {}
     deps_by_seg: dict[tuple[str, int], dict[int, tuple[int, ...]]] = {}
     for info in catalog.values():
@@ -170,4 +173,4 @@ def _precedes(a, b, catalog) -> bool:
 def annotate_proportions(plan: JointPlan, catalog: dict[str, OpInfo]) -> JointPlan:
     """The plan with each group's interleaving proportions filled in (derived, never searched)."""
     props = {g.key: member_proportions(catalog, g.members) for g in plan.groups}
-    return JointPlan(plan.groups, plan.interleave, plan.kmax, plan.memory_budget_bytes, props)
+    return replace(plan, proportions=props)

@@ -18,9 +18,12 @@ An operation is named ``"<model>/<segment>/<op>"``, e.g. ``"target/L3.attn/qkv"`
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 FAMILIES = ("gemm", "rmsnorm", "add")
+# Which side stream gets the higher CUDA priority (the block scheduler then serves its pending kernels
+# first); "equal" is plain co-scheduling.
+PRIORITIES = ("equal", "draft", "target")
 DEFAULT_KMAX = 4
 
 
@@ -91,7 +94,8 @@ class JointPlan:
     """A complete joint optimization plan; the empty plan is co-scheduling alone (the anchor).
 
     ``interleave`` False realizes every group with its members' separate kernels while keeping the
-    joins and forks: the placement control of the timing protocol.
+    joins and forks: the placement control of the timing protocol. ``priority`` is part of the scheduling
+    arrangement: which model's stream the GPU serves first when both have work ready (``PRIORITIES``).
     """
 
     groups: tuple[ConjugatedGroup, ...] = ()
@@ -99,6 +103,7 @@ class JointPlan:
     kmax: int = DEFAULT_KMAX
     memory_budget_bytes: int = 64 << 20
     proportions: dict = field(default_factory=dict, compare=False, hash=False)
+    priority: str = "equal"
 
     def __post_init__(self):
         object.__setattr__(self, "groups", tuple(sorted(self.groups, key=lambda g: g.key)))
@@ -106,17 +111,18 @@ class JointPlan:
     @property
     def key(self) -> str:
         """A canonical identity: equal plans have equal keys (used to dedupe search nodes)."""
-        return ";".join(g.key for g in self.groups) or "<empty>"
+        key = ";".join(g.key for g in self.groups) or "<empty>"
+        return key if self.priority == "equal" else f"{key}|priority={self.priority}"
 
     def ops(self) -> list[str]:
         return [m for g in self.groups for m in g.members]
 
     def with_groups(self, groups) -> JointPlan:
-        return JointPlan(tuple(groups), self.interleave, self.kmax, self.memory_budget_bytes)
+        return replace(self, groups=tuple(groups), proportions={})
 
     def control(self) -> JointPlan:
         """The placement control of this plan: same joint nodes, separate kernels."""
-        return JointPlan(self.groups, False, self.kmax, self.memory_budget_bytes, dict(self.proportions))
+        return replace(self, interleave=False, proportions=dict(self.proportions))
 
     def to_dict(self) -> dict:
         return {
@@ -125,6 +131,7 @@ class JointPlan:
             "kmax": self.kmax,
             "memory_budget_bytes": self.memory_budget_bytes,
             "proportions": {k: dict(v) for k, v in self.proportions.items()},
+            "priority": self.priority,
         }
 
     @classmethod
@@ -135,6 +142,7 @@ class JointPlan:
             int(d.get("kmax", DEFAULT_KMAX)),
             int(d.get("memory_budget_bytes", 64 << 20)),
             {k: dict(v) for k, v in d.get("proportions", {}).items()},
+            str(d.get("priority", "equal")),
         )
 
     def to_json(self) -> str:

@@ -114,7 +114,7 @@ class PlanEvaluator:
             return Evaluation(None, [p.to_dict() for p in problems])
         plan = annotate_proportions(plan, self.catalog)
         info = {"proportions": plan.proportions}
-        if not plan.groups:
+        if not plan.groups and plan.priority == "equal":
             return Evaluation(self.speedup_of_anchor, [], {}, {**info, "note": "the anchor itself"})
         verdicts = {g.key: self.gate(g) for g in plan.groups} if plan.interleave else {}
         failed = [k for k, v in verdicts.items() if not v["admitted"]]

@@ -3,7 +3,8 @@
 A proposer gets the plan MCTS selected and what the search has learned so far (``ProposalContext``:
 the round's operations, every evaluated plan with its reward, kernel verdicts and feedback codes) and
 returns up to ``m`` new plans. The built-in ``EditProposer`` enumerates the four edits of Conjugate
-Compilation (add, merge, split, remove), keeping only those the legality checker accepts; an LLM proposer
+Compilation (add, merge, split, remove) and a fifth of ours, the streams' priority (``plan.PRIORITIES``),
+keeping only those the legality checker accepts; an LLM proposer
 can implement the same interface and read the context to choose its edits.
 """
 
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ..colocate.legality import check_plan
 from ..colocate.ops import OpInfo
-from ..colocate.plan import FAMILIES, ConjugatedGroup, JointPlan
+from ..colocate.plan import FAMILIES, PRIORITIES, ConjugatedGroup, JointPlan
 
 
 @dataclass
@@ -69,6 +70,9 @@ class EditProposer:
                     if part < other:  # each split once
                         split = [ConjugatedGroup(g.family, part, g.config), ConjugatedGroup(g.family, other, g.config)]
                         out.append(("split", plan.with_groups([*rest, *split])))
+        for prio in PRIORITIES:
+            if prio != plan.priority:
+                out.append(("priority", replace(plan, priority=prio, proportions={})))
         return [(kind, p) for kind, p in out if not check_plan(p, catalog)]
 
     def propose(self, plan: JointPlan, ctx: ProposalContext, m: int) -> list[JointPlan]:

@@ -12,6 +12,8 @@ the bookkeeping (wall-clock times; no graphs, no trace).
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -45,6 +47,11 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inner", type=int, default=10)
     p.add_argument("--search-iters", type=int, default=24)
     p.add_argument("--state-dir", type=Path, default=None, help="keep MCTS state here (resumable)")
+
+
+def _log(t0: float, msg: str) -> None:
+    # Progress on stderr: a device run that hits its time limit still says how far it got.
+    print(f"[colocate {time.perf_counter() - t0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def _slug(pair: str) -> str:
@@ -82,9 +89,20 @@ def _gpu_busy_fraction(fn, cuda: bool, reps: int = 5) -> float | None:
     return busy / max(1e-9, spans[-1][1] - spans[0][0])
 
 
+def _state_before(chain, info) -> dict:
+    """The chain's slots as the op ``info`` sees them in a round (slot names are reused across steps, so
+    the state after a whole round would hand a draft step-0 op the last step's narrower tensors)."""
+    for seg in chain.segments[: info.segment]:
+        seg.run(chain.state)
+    for op in chain.segments[info.segment].ops[: info.position]:
+        op.run(chain.state)
+    return dict(chain.state)
+
+
 def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
     dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
     cuda = dev.type == "cuda"
+    t0 = time.perf_counter()
     tname, dname = pair.split(":")
     kv_len = args.prompt_len + 2 * (args.gamma + 1) + 64
     target = build_model(preset_config(tname), device=dev, dtype=dtype, synthetic_seed=0, max_positions=kv_len)
@@ -103,6 +121,8 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
         buf.verify_block.copy_(torch.randint(2, V, buf.verify_block.shape, device=dev, generator=g))
         buf.draft_block.copy_(torch.randint(2, V, buf.draft_block.shape, device=dev, generator=g))
 
+    _log(t0, f"{pair}: models and caches built")
+
     def make(plan):
         return build_round(target, draft, a, b, plan)
 
@@ -117,6 +137,8 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
                               "anchor": _runner(anchor.run, cuda)}, blocks=args.blocks, inner=args.inner,
                              device=dev)
         s_anchor, fastest = anchor_speedup(base, "anchor", ["seq_graph", "back_to_back"])
+        _log(t0, "baselines (us): " + ", ".join(f"{n} {base.median(n) * 1e6:.0f}" for n in base.names)
+             + f"; two-stream speedup {s_anchor:.3f} over {fastest}")
 
         def build(plan):
             return _runner(make(plan).run, cuda)
@@ -129,12 +151,11 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
 
         def group_times(group):
             rnd = make(None)
-            rnd.run()  # fills every slot the members read
             ops = []
             for m in group.members:
                 info = rnd.catalog[m]
                 ch = rnd.target if info.model == "target" else rnd.draft
-                ops.append((m, ch.segments[info.segment].ops[info.position], ch.state))
+                ops.append((m, ch.segments[info.segment].ops[info.position], _state_before(ch, info)))
             realized = RealizedGroup(group, [(op, st) for _, op, st in ops], dev)
             variants = {m: _runner(lambda op=op, st=st: op.run(st), cuda) for m, op, st in ops}
             variants["group"] = _runner(realized.run, cuda)
@@ -150,7 +171,12 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
             path = args.state_dir / f"{_slug(pair)}_{label}.json" if args.state_dir else None
             search = MCTS(EditProposer(seed=0), evaluator, ProposalContext(catalog),
                           root=JointPlan(interleave=root_interleave), state_path=path)
-            plan = search.run(args.search_iters)
+            for it in range(args.search_iters):
+                key = search.step()
+                r = search.records[key]
+                _log(t0, f"{label} #{it}: {key[:90]} reward {r['reward']} "
+                     + " ".join(f["code"] for f in r["feedback"]))
+            plan = search.best()
             best[label] = (plan, search.records[plan.key])
         busy = {"conventional": _gpu_busy_fraction(_runner(seq.run, cuda), cuda),
                 "anchor": _gpu_busy_fraction(_runner(anchor.run, cuda), cuda),
