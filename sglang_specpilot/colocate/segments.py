@@ -8,6 +8,11 @@ The operations call the model's own modules in ``Block.forward``'s order (``rms_
 ``wqkv``, ``Attention.core``, ``wo``, the residual adds, ``w13``, ``silu_mul``, ``w2``), so a chain run
 with every operation on its separate kernel is bit-identical to ``Transformer.forward``.
 
+With ``compiled=True`` (the suites on CUDA) the operations between the GEMMs (norms, the attention core,
+SwiGLU) are ``torch.compile``d one by one, the way the engine compiles its captured steps, so a chain's
+kernels are what a compiled model launches while every operation stays a unit a plan can place; the
+GEMMs stay cuBLAS in both cases.
+
 Operations pass tensors through named slots of one state dict per chain. Slot names are reused
 (``x`` is read and rewritten by each residual add), so dependencies are found by position: an operation
 depends on the last earlier writer of each slot it reads (``Segment.deps``).
@@ -105,6 +110,25 @@ class Chain:
 # ---- building the operations of one step ----------------------------------------------------------------
 
 
+def _core(attn, qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc):
+    # A free function of the module, so one compile serves every layer of every model of one shape.
+    return attn.core(qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
+
+
+class _Fns:
+    """The non-GEMM operations' functions, plain or compiled (compiled: fullgraph, static shapes)."""
+
+    def __init__(self, compiled: bool):
+        fns = {"norm": rms_norm, "core": _core, "act": silu_mul}
+        if compiled:
+            # Each (function, shapes) pair is one cache entry; a round has a handful per model.
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            torch._dynamo.config.accumulated_cache_size_limit = max(
+                torch._dynamo.config.accumulated_cache_size_limit, 512)
+            fns = {k: torch.compile(f, fullgraph=True, dynamic=False) for k, f in fns.items()}
+        self.norm, self.core, self.act = fns["norm"], fns["core"], fns["act"]
+
+
 def _linear_op(name: str, lin: torch.nn.Linear, src: str, dst: str, rows: int, shape, dtype) -> Op:
     def run(state, lin=lin):
         state[dst] = lin(state[src])
@@ -113,9 +137,9 @@ def _linear_op(name: str, lin: torch.nn.Linear, src: str, dst: str, rows: int, s
     return Op(name, "gemm", (src,), dst, run, 2.0 * rows * k * n, {"linear": lin}, (*shape, n), dtype)
 
 
-def _norm_op(name: str, norm, src: str, dst: str, rows: int, shape, dtype) -> Op:
+def _norm_op(name: str, norm, src: str, dst: str, rows: int, shape, dtype, fns: _Fns) -> Op:
     def run(state, norm=norm):
-        state[dst] = rms_norm(state[src], norm.weight, norm.eps)
+        state[dst] = fns.norm(state[src], norm.weight, norm.eps)
 
     h = norm.weight.shape[0]
     return Op(name, "rmsnorm", (src,), dst, run, 2.0 * rows * h * dtype.itemsize, {"norm": norm}, (*shape, h), dtype)
@@ -128,12 +152,15 @@ def _add_op(name: str, a: str, b: str, dst: str, rows: int, shape, dtype) -> Op:
     return Op(name, "add", (a, b), dst, run, 3.0 * rows * shape[-1] * dtype.itemsize, {}, tuple(shape), dtype)
 
 
-def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str) -> list[Segment]:
+def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str, compiled: bool = False
+                  ) -> list[Segment]:
     """Segments of one forward step of ``model``: embed, (attn, mlp) per layer, head.
 
     ``head`` is ``"logits"`` (write ``state["logits"]`` [B, N, V]) or ``"argmax"`` (draft: append the last
     row's argmax [B] to ``state["drafts"]`` and put it, [B, 1], in ``state["token"]`` for the next step).
+    ``compiled`` compiles the operations between the GEMMs (see the module docstring).
     """
+    fns = _Fns(compiled)
     cfg, dtype = model.cfg, model.embed.weight.dtype
     B, N, H = step.batch, step.width, cfg.hidden_size
     rows, shape = B * N, (B, N)
@@ -151,21 +178,21 @@ def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str) 
         k_cache, v_cache = step.kv[li]
 
         def core(state, attn=layer.attn, k_cache=k_cache, v_cache=v_cache):
-            state["o_in"] = attn.core(state["qkv"], state["cos"], state["sin"], k_cache, v_cache, state["batch_idx"],
-                                      step.slots, step.mask, step.seq_len, step.anc)
+            state["o_in"] = fns.core(attn, state["qkv"], state["cos"], state["sin"], k_cache, v_cache,
+                                     state["batch_idx"], step.slots, step.mask, step.seq_len, step.anc)
 
         def act(state):
-            state["act"] = silu_mul(state["gu"])
+            state["act"] = fns.act(state["gu"])
 
         attn_ops = [
-            _norm_op("attn_norm", layer.attn_norm, "x", "xn", rows, shape, dtype),
+            _norm_op("attn_norm", layer.attn_norm, "x", "xn", rows, shape, dtype, fns),
             _linear_op("qkv", layer.attn.wqkv, "xn", "qkv", rows, shape, dtype),
             Op("attn", "other", ("qkv",), "o_in", core, shape=(B, N, cfg.q_size), dtype=dtype),
             _linear_op("o", layer.attn.wo, "o_in", "ao", rows, shape, dtype),
             _add_op("attn_add", "x", "ao", "x", rows, (B, N, H), dtype),
         ]
         mlp_ops = [
-            _norm_op("mlp_norm", layer.mlp_norm, "x", "xn", rows, shape, dtype),
+            _norm_op("mlp_norm", layer.mlp_norm, "x", "xn", rows, shape, dtype, fns),
             _linear_op("gate_up", layer.mlp.w13, "xn", "gu", rows, shape, dtype),
             Op("act", "other", ("gu",), "act", act, shape=(B, N, cfg.intermediate_size), dtype=dtype),
             _linear_op("down", layer.mlp.w2, "act", "mo", rows, shape, dtype),
@@ -178,7 +205,7 @@ def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str) 
             state["logits"] = model.lm_head(state["xf"])
 
         head_ops = [
-            _norm_op("norm", model.norm, "x", "xf", rows, shape, dtype),
+            _norm_op("norm", model.norm, "x", "xf", rows, shape, dtype, fns),
             Op("lm_head", "other", ("xf",), "logits", logits, shape=(B, N, cfg.vocab_size), dtype=dtype),
         ]
     else:
@@ -191,26 +218,26 @@ def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str) 
             state["token"] = d[:, None]
 
         head_ops = [
-            _norm_op("norm", model.norm, "x", "xf", rows, shape, dtype),
+            _norm_op("norm", model.norm, "x", "xf", rows, shape, dtype, fns),
             Op("argmax", "other", ("xf",), "token", argmax, shape=(B, 1), dtype=dtype),
         ]
     segs.append(Segment(f"{prefix}head", head_ops))
     return segs
 
 
-def verify_chain(model: Transformer, step: StepInputs) -> Chain:
+def verify_chain(model: Transformer, step: StepInputs, compiled: bool = False) -> Chain:
     """The target's verification forward as a chain; ``state["logits"]`` [B, N, V] after a run."""
-    return Chain("target", step_segments(model, step, "", "logits"), {})
+    return Chain("target", step_segments(model, step, "", "logits", compiled), {})
 
 
-def draft_chain(model: Transformer, steps: list[StepInputs]) -> Chain:
+def draft_chain(model: Transformer, steps: list[StepInputs], compiled: bool = False) -> Chain:
     """gamma draft steps as one chain; ``state["drafts"]`` holds the gamma argmax tokens [B] after a run.
 
     ``steps[0].tokens`` is given; later steps take the previous step's argmax (``tokens=None``).
     """
     segs = []
     for s, st in enumerate(steps):
-        segs += step_segments(model, st, f"s{s}.", "argmax")
+        segs += step_segments(model, st, f"s{s}.", "argmax", compiled)
     chain = Chain("draft", segs, {})
     first = chain.segments[0].ops[0].run
 

@@ -18,16 +18,22 @@ import torch
 from ..colocate.coschedule import CoScheduledRound
 from ..colocate.plan import JointPlan
 from ..colocate.segments import StepInputs, draft_chain, verify_chain
-from ..models.llama import Transformer
+from ..models.llama import Transformer, tree_attention
 from .attn_meta import StepMeta, build_step_meta, causal_tree
 from .kv_cache import KVCache
 from .spec import chain_accept_greedy
 
 
-def _static_meta(seq_len, anc, depth, kv_len, group) -> StepMeta:
+def _static_meta(seq_len, anc, depth, kv_len, group, with_mask) -> StepMeta:
     # Own, dense copies: ``load`` rewrites them in place (the expanded mask of build_step_meta cannot be).
-    m = build_step_meta(seq_len, anc, depth, kv_len, group)
-    return StepMeta(m.positions.clone(), m.slots.clone(), m.mask.contiguous().clone())
+    m = build_step_meta(seq_len, anc, depth, kv_len, group, with_mask)
+    return StepMeta(m.positions.clone(), m.slots.clone(), None if m.mask is None else m.mask.contiguous().clone())
+
+
+def fused_attention_ok(model: Transformer) -> bool:
+    """Whether the fused tree-attention kernel serves this model here (CUDA, a head size it has)."""
+    return (tree_attention is not None and model.embed.weight.device.type == "cuda"
+            and model.cfg.head_dim in (32, 64, 128))
 
 
 def _rows(kv: KVCache, lo: int, hi: int):
@@ -36,58 +42,64 @@ def _rows(kv: KVCache, lo: int, hi: int):
 
 
 class RoundBuffers:
-    """Static inputs of one group's draft steps and verification block, refreshed by ``load``."""
+    """Static inputs of one group's draft steps and verification block, refreshed by ``load``.
+
+    ``fused`` (default: where the kernel serves both models) attends with the fused tree-attention kernel,
+    which reads each row's live slots and needs no dense mask, as the engine's captured steps do;
+    otherwise SDPA with a dense [B, 1, N * G, kv_len] mask.
+    """
 
     def __init__(self, target: Transformer, draft: Transformer, t_kv, d_kv, lo: int, hi: int, gamma: int,
-                 kv_len: int):
+                 kv_len: int, fused: bool | None = None):
         dev = target.embed.weight.device
         self.lo, self.hi, self.gamma, self.kv_len = lo, hi, gamma, kv_len
+        self.fused = fused_attention_ok(target) and fused_attention_ok(draft) if fused is None else fused
         B = hi - lo
         self.seq_len = torch.zeros(B, dtype=torch.long, device=dev)
         self.draft_block = torch.zeros(B, 2, dtype=torch.long, device=dev)  # [prev, next_tok]
         self.verify_block = torch.zeros(B, gamma + 1, dtype=torch.long, device=dev)  # [next_tok, drafts]
         t_group = target.cfg.num_heads // target.cfg.num_kv_heads
         d_group = draft.cfg.num_heads // draft.cfg.num_kv_heads
-        # Draft step 0 is two tokens at seq_len - 1; step s >= 1 one token at seq_len + s.
+        # Draft step 0 is two tokens at seq_len - 1; step s >= 1 one token at seq_len + s. Each step's start
+        # is a static tensor of its own (``load`` rewrites it) because the fused kernel reads it.
         self.draft_steps = []
         for s in range(gamma):
-            n = 2 if s == 0 else 1
-            anc, depth = causal_tree(n, dev)
-            start = self.seq_len - 1 if s == 0 else self.seq_len + s
-            meta = _static_meta(start, anc, depth, kv_len, d_group)
-            self.draft_steps.append([start, anc, depth, meta, d_group])
+            anc, depth = causal_tree(2 if s == 0 else 1, dev)
+            start = torch.zeros(B, dtype=torch.long, device=dev)
+            meta = _static_meta(start, anc, depth, kv_len, d_group, not self.fused)
+            self.draft_steps.append((s - 1 if s == 0 else s, start, anc, depth, meta, d_group))
         anc, depth = causal_tree(gamma + 1, dev)
-        self.verify_meta = [anc, depth, _static_meta(self.seq_len, anc, depth, kv_len, t_group), t_group]
-        self.d_inputs = [
-            StepInputs(self.draft_block if s == 0 else None, st[3].positions, st[3].slots, st[3].mask,
-                       _rows(d_kv, lo, hi), width=2 if s == 0 else 1, batch=B)
-            for s, st in enumerate(self.draft_steps)
-        ]
-        m = self.verify_meta[2]
-        self.t_inputs = StepInputs(self.verify_block, m.positions, m.slots, m.mask, _rows(t_kv, lo, hi),
-                                   width=gamma + 1, batch=B)
+        self.verify_meta = (0, self.seq_len, anc, depth,
+                            _static_meta(self.seq_len, anc, depth, kv_len, t_group, not self.fused), t_group)
+
+        def inputs(step, tokens, kv, width):
+            _, start, anc, _, meta, _ = step
+            return StepInputs(tokens, meta.positions, meta.slots, meta.mask, kv, start if self.fused else None,
+                              anc if self.fused else None, width=width, batch=B)
+
+        self.d_inputs = [inputs(st, self.draft_block if s == 0 else None, _rows(d_kv, lo, hi), 2 if s == 0 else 1)
+                         for s, st in enumerate(self.draft_steps)]
+        self.t_inputs = inputs(self.verify_meta, self.verify_block, _rows(t_kv, lo, hi), gamma + 1)
 
     def load(self, seq_len: torch.Tensor) -> None:
-        """Recompute positions, slots and masks in place for new lengths (no new tensors)."""
+        """Recompute starts, positions, slots and masks in place for new lengths (no new tensors)."""
         self.seq_len.copy_(seq_len)
-        for s, (_, anc, depth, meta, group) in enumerate(self.draft_steps):
-            start = self.seq_len - 1 if s == 0 else self.seq_len + s
-            fresh = build_step_meta(start, anc, depth, self.kv_len, group)
+        for offset, start, anc, depth, meta, group in (*self.draft_steps, self.verify_meta):
+            if start is not self.seq_len:
+                start.copy_(self.seq_len + offset)
+            fresh = build_step_meta(start, anc, depth, self.kv_len, group, not self.fused)
             meta.positions.copy_(fresh.positions)
             meta.slots.copy_(fresh.slots)
-            meta.mask.copy_(fresh.mask)
-        anc, depth, meta, group = self.verify_meta
-        fresh = build_step_meta(self.seq_len, anc, depth, self.kv_len, group)
-        meta.positions.copy_(fresh.positions)
-        meta.slots.copy_(fresh.slots)
-        meta.mask.copy_(fresh.mask)
+            if meta.mask is not None:
+                meta.mask.copy_(fresh.mask)
 
 
 def build_round(target, draft, verify_bufs: RoundBuffers, draft_bufs: RoundBuffers, plan: JointPlan | None = None,
-                *, streams: bool = True) -> CoScheduledRound:
-    """One co-scheduled round: verify ``verify_bufs``' group while drafting for ``draft_bufs``' group."""
-    t = verify_chain(target, verify_bufs.t_inputs)
-    d = draft_chain(draft, draft_bufs.d_inputs)
+                *, streams: bool = True, compiled: bool = False) -> CoScheduledRound:
+    """One co-scheduled round: verify ``verify_bufs``' group while drafting for ``draft_bufs``' group
+    (``compiled``: the operations between GEMMs compiled, see ``colocate.segments``)."""
+    t = verify_chain(target, verify_bufs.t_inputs, compiled)
+    d = draft_chain(draft, draft_bufs.d_inputs, compiled)
     return CoScheduledRound(t, d, plan, device=target.embed.weight.device, streams=streams)
 
 
@@ -100,11 +112,13 @@ class ColocatedDecoder:
     gamma : int, draft tokens per round
     max_batch, max_seq : cache shape (rows, slots per row; plus ``scratch`` slots past max_seq)
     plan : JointPlan, optional; the joint plan every round runs under (default: co-scheduling only)
+    fused : bool, optional; attention through the fused tree kernel (default where it serves, see
+        ``RoundBuffers``)
     """
 
     def __init__(self, target: Transformer, draft: Transformer, gamma: int, max_batch: int, max_seq: int,
-                 plan: JointPlan | None = None, scratch: int = 64):
-        self.target, self.draft, self.gamma, self.plan = target, draft, gamma, plan
+                 plan: JointPlan | None = None, scratch: int = 64, fused: bool | None = None):
+        self.target, self.draft, self.gamma, self.plan, self.fused = target, draft, gamma, plan, fused
         dev, dt = target.embed.weight.device, target.embed.weight.dtype
         self.max_batch, self.kv_len = max_batch, max_seq + scratch
         self.t_kv = KVCache(target.cfg, max_batch, self.kv_len, dev, dt)
@@ -138,7 +152,7 @@ class ColocatedDecoder:
         out = [[int(t)] for t in next_tok.tolist()]
         h = B // 2
         groups = [(0, h), (h, B)]
-        bufs = [RoundBuffers(self.target, self.draft, self.t_kv, self.d_kv, lo, hi, g, self.kv_len)
+        bufs = [RoundBuffers(self.target, self.draft, self.t_kv, self.d_kv, lo, hi, g, self.kv_len, self.fused)
                 for lo, hi in groups]
         # rounds[x] verifies group x and drafts for group 1 - x; built once, re-run every round.
         rounds = [build_round(self.target, self.draft, bufs[x], bufs[1 - x], self.plan) for x in (0, 1)]

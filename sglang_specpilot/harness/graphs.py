@@ -24,7 +24,10 @@ def graph_replay(fn: Callable[[], object], *, warmup: int = 3) -> Callable[[], N
     Returns
     -------
     callable
-        ``replay()`` launches the captured work on the current stream.
+        ``replay()`` launches the captured work on the current stream. It keeps ``fn`` (and so whatever
+        ``fn`` holds) alive: the graph reads memory that ``fn``'s objects allocated before capture, such
+        as an interleaved kernel's descriptor table, and replaying after that memory is freed is an
+        illegal access.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -35,4 +38,8 @@ def graph_replay(fn: Callable[[], object], *, warmup: int = 3) -> Callable[[], N
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay(graph=graph, fn=fn) -> None:
+        graph.replay()
+
+    return replay

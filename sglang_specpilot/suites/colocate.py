@@ -46,6 +46,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=20)
     p.add_argument("--inner", type=int, default=10)
     p.add_argument("--search-iters", type=int, default=24)
+    p.add_argument("--no-compile", action="store_true",
+                   help="eager non-GEMM operations (default on CUDA: each compiled, as the engine's steps are)")
     p.add_argument("--state-dir", type=Path, default=None, help="keep MCTS state here (resumable)")
 
 
@@ -123,14 +125,16 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
 
     _log(t0, f"{pair}: models and caches built")
 
+    compiled = cuda and not args.no_compile
+
     def make(plan):
-        return build_round(target, draft, a, b, plan)
+        return build_round(target, draft, a, b, plan, compiled=compiled)
 
     with torch.inference_mode():
         # Conventional round of one group: draft then verify, in one graph and as two graphs.
-        seq = CoScheduledRound(verify_chain(target, a.t_inputs), draft_chain(draft, a.d_inputs), streams=False,
-                               device=dev)
-        d_only, t_only = draft_chain(draft, a.d_inputs), verify_chain(target, a.t_inputs)
+        seq = CoScheduledRound(verify_chain(target, a.t_inputs, compiled), draft_chain(draft, a.d_inputs, compiled),
+                               streams=False, device=dev)
+        d_only, t_only = draft_chain(draft, a.d_inputs, compiled), verify_chain(target, a.t_inputs, compiled)
         d_run, t_run = _runner(d_only.run, cuda), _runner(t_only.run, cuda)
         anchor = make(None)
         base = paired_timing({"seq_graph": _runner(seq.run, cuda), "back_to_back": lambda: (d_run(), t_run()),
