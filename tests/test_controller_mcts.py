@@ -105,3 +105,28 @@ def test_reward_from_paired_timings():
     base = PairedTimes.from_block_times({"seq_graph": [3.0, 3.0], "back_to_back": [3.3, 3.1], "anchor": [2.0, 2.5]})
     s, which = anchor_speedup(base, "anchor", ["seq_graph", "back_to_back"])
     assert which == "seq_graph" and s == np.median([1.5, 1.2])
+
+
+def test_gate_tunes_the_kernel_configuration():
+    from sglang_specpilot.colocate.plan import ConjugatedGroup, KernelConfig
+    from sglang_specpilot.controller.plan_eval import PlanEvaluator
+
+    cat = synthetic_catalog()
+    group = ConjugatedGroup("gemm", ("target/T0/gemm", "draft/D1/gemm"))
+    slow, fast, broken = KernelConfig(block_k=64), KernelConfig(block_k=256, split_k=8), KernelConfig(block_k=128)
+    group_ms = {slow: 3.0, fast: 1.0}  # members take 1.0 + 1.0 separately
+
+    def group_times(g):
+        if g.config == broken:
+            raise RuntimeError("out of shared memory")
+        n = 24
+        return PairedTimes.from_block_times({"target/T0/gemm": [1.0] * n, "draft/D1/gemm": [1.0] * n,
+                                             "group": [group_ms[g.config] * (1 + 0.001 * (i % 3)) for i in range(n)]})
+
+    ev = PlanEvaluator(cat, lambda p: None, lambda p: {}, group_times, 1.0,
+                       candidates=lambda family: (slow, broken, fast))
+    verdict = ev.gate(group)
+    assert verdict["admitted"] and KernelConfig(**verdict["config"]) == fast
+    assert [t.get("error", "")[:12] for t in verdict["tuning"]] == ["", "", "RuntimeError"]
+    plan = JointPlan((group,))
+    assert ev.tuned(plan).groups[0].config == fast and plan.groups[0].config == KernelConfig()

@@ -185,7 +185,7 @@ class GroupedGemm:
     """
 
     def __init__(self, members: list[GemmMember], outs: list[torch.Tensor], *, block_m: int = 16,
-                 block_n: int = 64, block_k: int = 64):
+                 block_n: int = 64, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
         if not members:
             raise ValueError("a grouped GEMM needs at least one member")
         dtype, dev = members[0].x.dtype, members[0].x.device
@@ -203,6 +203,7 @@ class GroupedGemm:
                 raise ValueError(f"block sizes must be powers of two >= 16, got {b}")
         self.members, self.outs, self.dtype, self.device = members, outs, dtype, dev
         self.blocks = (block_m, block_n, block_k)
+        self.launch = {} if INTERPRETED else {"num_warps": num_warps, "num_stages": num_stages}
         self.use_kernel = kernel_available(dev)
         self.desc = None
         if self.use_kernel:
@@ -240,6 +241,7 @@ class GroupedGemm:
             DESC_W=DESC_WIDTH,
             DOT_PRECISION=precision,
             UPCAST=upcast,
+            **self.launch,
         )
         for y, w in zip(self.outs, self.work, strict=True):
             if w is not None:

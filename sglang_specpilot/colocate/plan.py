@@ -44,6 +44,8 @@ class KernelConfig:
     block_k: int = 64
     split_k: int = 1
     block: int = 1024  # elements per unit of a residual add
+    num_warps: int = 4
+    num_stages: int = 3
 
     def problems(self) -> list[str]:
         out = []
@@ -55,7 +57,28 @@ class KernelConfig:
             out.append(f"block={self.block} is not a power of two >= 16")
         if self.split_k < 1:
             out.append(f"split_k={self.split_k} < 1")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            out.append(f"num_warps={self.num_warps} / num_stages={self.num_stages} cannot launch")
         return out
+
+
+# Grouped-GEMM configurations the kernel-gain gate tries for each new group (the fastest is kept). Decode
+# GEMMs here are 4-40 rows against 4k-28k-wide weights, so every candidate reads weights in long K
+# slices split over many units: on the H200 (Llama-8B down + Llama-1B down, 20 + 4 rows) the untuned
+# 16x64x64 tile without split-K took 306 us against 47 us for the two cuBLAS calls, 32x32x64 with
+# split-K 8 took 149 us; larger K steps and deeper pipelines are the remaining candidates.
+GEMM_CANDIDATES = (
+    KernelConfig(block_m=32, block_n=32, block_k=64, split_k=8),
+    KernelConfig(block_m=32, block_n=64, block_k=128, split_k=8, num_warps=4, num_stages=4),
+    KernelConfig(block_m=32, block_n=32, block_k=256, split_k=16, num_warps=4, num_stages=3),
+    KernelConfig(block_m=16, block_n=64, block_k=256, split_k=8, num_warps=8, num_stages=3),
+    KernelConfig(block_m=32, block_n=128, block_k=128, split_k=16, num_warps=8, num_stages=4),
+)
+
+
+def kernel_candidates(family: str) -> tuple[KernelConfig, ...]:
+    """Configurations the gate tunes over for a new group of ``family`` (row kernels have one)."""
+    return GEMM_CANDIDATES if family == "gemm" else (KernelConfig(),)
 
 
 @dataclass(frozen=True)
@@ -75,6 +98,9 @@ class ConjugatedGroup:
 
     def to_dict(self) -> dict:
         return {"family": self.family, "members": list(self.members), "config": asdict(self.config)}
+
+    def with_config(self, config: KernelConfig) -> ConjugatedGroup:
+        return replace(self, config=config)
 
     @classmethod
     def from_dict(cls, d: dict) -> ConjugatedGroup:

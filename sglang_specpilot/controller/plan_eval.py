@@ -12,14 +12,14 @@ over the faster conventional baseline (a constant per configuration, so it does 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 
 from ..colocate.legality import annotate_proportions, check_plan
 from ..colocate.ops import OpInfo
-from ..colocate.plan import ConjugatedGroup, JointPlan
+from ..colocate.plan import ConjugatedGroup, JointPlan, KernelConfig, kernel_candidates
 from ..harness.gates import kernel_gain_gate
 from ..harness.timing import PairedTimes, anchor_candidate_control_order, paired_timing
 from .mcts import Evaluation
@@ -87,26 +87,49 @@ class PlanEvaluator:
     build : ``build(plan) -> callable`` running one round under ``plan`` (a graph replay on CUDA)
     outputs : ``outputs(plan) -> dict of name -> logits tensor`` from one round under ``plan`` (numerics)
     group_times : ``group_times(group) -> PairedTimes`` with the members timed separately (variants named
-        after the members) and the interleaved kernel as variant ``"group"``
+        after the members) and the interleaved kernel, built with ``group.config``, as variant ``"group"``
+    candidates : ``candidates(family) -> kernel configurations`` the gate tunes each new group over (the
+        fastest one's verdict decides, and plans run with it); default ``plan.kernel_candidates``
     speedup_of_anchor : the anchor's speedup over the faster conventional baseline (``anchor_speedup``)
     """
 
     def __init__(self, catalog: dict[str, OpInfo], build: Callable[[JointPlan], Callable[[], object]],
                  outputs: Callable[[JointPlan], dict], group_times: Callable[[ConjugatedGroup], PairedTimes],
                  speedup_of_anchor: float, *, device: str = "cpu", blocks: int = 20, inner: int = 1,
-                 warmup: int = 2):
+                 warmup: int = 2, candidates: Callable[[str], tuple[KernelConfig, ...]] = kernel_candidates):
         self.catalog, self.build, self.outputs, self.group_times = catalog, build, outputs, group_times
         self.speedup_of_anchor = speedup_of_anchor
         self.device, self.blocks, self.inner, self.warmup = device, blocks, inner, warmup
+        self.candidates = candidates
         self.verdicts: dict[str, dict] = {}  # kernel-gain verdicts by group key (persisted by the search)
         self.reference = outputs(JointPlan())
         self.anchor = build(JointPlan())
 
     def gate(self, group: ConjugatedGroup) -> dict:
+        """Tune the group's kernel over the candidate configurations, gate the fastest (cached by members)."""
         if group.key not in self.verdicts:
-            times = self.group_times(group)
-            self.verdicts[group.key] = kernel_gain_gate(times, list(group.members), "group").to_dict()
+            tried, errors = [], []
+            for cfg in self.candidates(group.family):
+                try:
+                    times = self.group_times(group.with_config(cfg))
+                except Exception as e:  # a configuration the compiler cannot build (e.g. out of shared memory)
+                    errors.append({"config": asdict(cfg), "error": f"{type(e).__name__}: {e}"[:300]})
+                    continue
+                tried.append((kernel_gain_gate(times, list(group.members), "group").to_dict(), cfg))
+            if not tried:
+                self.verdicts[group.key] = {"admitted": False, "reason": "no candidate configuration ran",
+                                            "v": 0.0, "tuning": errors}
+                return self.verdicts[group.key]
+            best, cfg = max(tried, key=lambda t: t[0]["v"])
+            self.verdicts[group.key] = {**best, "config": asdict(cfg),
+                                        "tuning": [{"config": asdict(c), "v": t["v"]} for t, c in tried] + errors}
         return self.verdicts[group.key]
+
+    def tuned(self, plan: JointPlan) -> JointPlan:
+        """``plan`` with each gated group's kernel configuration replaced by its tuned one."""
+        groups = [g.with_config(KernelConfig(**self.verdicts[g.key]["config"]))
+                  if "config" in self.verdicts.get(g.key, {}) else g for g in plan.groups]
+        return replace(plan, groups=tuple(groups))
 
     def __call__(self, plan: JointPlan) -> Evaluation:
         problems = check_plan(plan, self.catalog)
@@ -121,6 +144,8 @@ class PlanEvaluator:
         if failed:
             fb = [{"code": KERNEL_GATE, "group": k, "detail": verdicts[k]["reason"]} for k in failed]
             return Evaluation(None, fb, verdicts, info)
+        plan = self.tuned(plan)
+        info["plan_run"] = plan.to_dict()
         outs = self.outputs(plan)
         checks = {k: numerical_check(self.reference[k], outs[k]) for k in self.reference}
         bad = {k: v for k, v in checks.items() if not v.ok}

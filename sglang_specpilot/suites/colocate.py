@@ -160,8 +160,10 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
                 info = rnd.catalog[m]
                 ch = rnd.target if info.model == "target" else rnd.draft
                 ops.append((m, ch.segments[info.segment].ops[info.position], _state_before(ch, info)))
-            realized = RealizedGroup(group, [(op, st) for _, op, st in ops], dev)
-            variants = {m: _runner(lambda op=op, st=st: op.run(st), cuda) for m, op, st in ops}
+            # Every variant writes into a dict of its own, so none rebinds a slot another one reads (a residual
+            # add reads and writes "x"); ``ops`` keeps the input tensors alive while the graphs replay.
+            realized = RealizedGroup(group, [(op, dict(st)) for _, op, st in ops], dev)
+            variants = {m: _runner(lambda op=op, st=st: op.run(dict(st)), cuda) for m, op, st in ops}
             variants["group"] = _runner(realized.run, cuda)
             return paired_timing(variants, blocks=args.blocks, inner=args.inner, device=dev)
 
@@ -184,7 +186,8 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
             best[label] = (plan, search.records[plan.key])
         busy = {"conventional": _gpu_busy_fraction(_runner(seq.run, cuda), cuda),
                 "anchor": _gpu_busy_fraction(_runner(anchor.run, cuda), cuda),
-                "best": _gpu_busy_fraction(build(best["interleave"][0]), cuda)}
+                "best_no_interleave": _gpu_busy_fraction(build(evaluator.tuned(best["no_interleave"][0])), cuda),
+                "best": _gpu_busy_fraction(build(evaluator.tuned(best["interleave"][0])), cuda)}
 
     slug = _slug(pair)
     metrics = {
@@ -197,7 +200,7 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
              "median_us": {n: base.median(n) * 1e6 for n in base.names},
              "anchor_over_seq_graph": paired_ratio_median(base, "seq_graph", "anchor"), "gpu_busy": busy}]
     for label, (plan, rec) in best.items():
-        rows.append({"case": f"{slug}.best_{label}", "plan": plan.to_dict(), "reward": rec["reward"],
+        rows.append({"case": f"{slug}.best_{label}", "plan": evaluator.tuned(plan).to_dict(), "reward": rec["reward"],
                      "info": rec["info"], "verdicts": rec["verdicts"]})
     return metrics, rows
 
