@@ -205,6 +205,23 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
     return metrics, rows
 
 
+def derived_metrics(rows: list[dict]) -> dict:
+    """Per pair, from its baselines row: the conventional and two-stream round times (us) and each
+    system's GPU busy fraction, so the README table shows them beside the speedups."""
+    out = {}
+    for r in rows:
+        if not r["case"].endswith(".baselines"):
+            continue
+        slug = r["case"].rsplit(".", 1)[0]
+        us = r["median_us"]
+        out[f"round_us_conventional_{slug}"] = us[r["fastest_conventional"]]
+        out[f"round_us_two_stream_{slug}"] = us["anchor"]
+        for system, frac in (r.get("gpu_busy") or {}).items():
+            if frac is not None:
+                out[f"gpu_busy_{system}_{slug}"] = frac
+    return out
+
+
 @register_suite("colocate", add_args=_args)
 def colocate(args):
     """Co-located draft/target rounds: conventional, two-stream, searched plans without / with interleaving."""
@@ -215,4 +232,5 @@ def colocate(args):
         metrics, rows = run_pair(pair, args)
         out["metrics"].update(metrics)
         out["rows"] += rows
+    out["metrics"].update(derived_metrics(out["rows"]))
     return out
