@@ -30,13 +30,13 @@ def tiny_model(name: str = "tiny-llama", seed: int = 0, std: float = 0.15, dtype
     return build_model(cfg, synthetic_seed=seed, synthetic_std=std, dtype=dtype, max_positions=1024)
 
 
-def engine(target, draft=None, gamma: int = 4, max_batch: int = 8, max_seq: int = 256) -> Engine:
+def engine(target, draft=None, gamma: int = 4, max_batch: int = 8, max_seq: int = 256, device: str = "cpu") -> Engine:
     opts = EngineOptions(
         max_seq_len=max_seq,
         max_batch_size=max_batch,
         num_speculative_tokens=gamma,
         draft_layers=0,
-        device="cpu",
+        device=device,
         dtype="float32",
     )
     return Engine(target, WordTokenizer(), opts, draft)

@@ -72,3 +72,21 @@ def test_grouped_gemm_candidates_match_reference(cfg):
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)()
     for y, r in zip(outs, gemm_ref(members), strict=True):
         torch.testing.assert_close(y.float(), r.float(), rtol=2e-2, atol=2e-2 * float(r.abs().max()))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_captured_colocated_generation_is_lossless(compiled):
+    from helpers import engine, prompts
+
+    from sglang_specpilot.engine import SamplingParams
+    from sglang_specpilot.engine.colocated import ColocatedDecoder
+
+    kw = dict(num_heads=2, num_kv_heads=1, head_dim=32)
+    target = tiny_model("tiny-llama", seed=0, **kw).cuda()
+    draft = tiny_model("tiny-llama", seed=1, num_layers=2, **kw).cuda()
+    ps = prompts([5, 9, 3, 12, 7], target.cfg.vocab_size, seed=3)
+    eng = engine(target, draft, gamma=3, device="cuda")
+    want = [r.token_ids for r in eng.generate(ps, SamplingParams(max_new_tokens=24, ignore_eos=True))]
+    dec = ColocatedDecoder(target, draft, 3, 8, 256, plan=PLAN, compiled=compiled)
+    assert dec.graphs
+    assert dec.generate(ps, 24) == want

@@ -114,11 +114,19 @@ class ColocatedDecoder:
     plan : JointPlan, optional; the joint plan every round runs under (default: co-scheduling only)
     fused : bool, optional; attention through the fused tree kernel (default where it serves, see
         ``RoundBuffers``)
+    graphs : bool, optional; capture each of the two rounds in one CUDA graph on first use and replay it
+        (default: on CUDA). Capture runs a round three times on the loaded inputs; every slot those runs
+        write is written again, identically, by the replay that follows.
+    compiled : bool; compile the operations between GEMMs (``colocate.segments``), as the suites do
     """
 
     def __init__(self, target: Transformer, draft: Transformer, gamma: int, max_batch: int, max_seq: int,
-                 plan: JointPlan | None = None, scratch: int = 64, fused: bool | None = None):
+                 plan: JointPlan | None = None, scratch: int = 64, fused: bool | None = None,
+                 graphs: bool | None = None, compiled: bool = False):
         self.target, self.draft, self.gamma, self.plan, self.fused = target, draft, gamma, plan, fused
+        on_cuda = target.embed.weight.device.type == "cuda"
+        self.graphs = on_cuda if graphs is None else graphs and on_cuda
+        self.compiled = compiled
         dev, dt = target.embed.weight.device, target.embed.weight.dtype
         self.max_batch, self.kv_len = max_batch, max_seq + scratch
         self.t_kv = KVCache(target.cfg, max_batch, self.kv_len, dev, dt)
@@ -155,7 +163,8 @@ class ColocatedDecoder:
         bufs = [RoundBuffers(self.target, self.draft, self.t_kv, self.d_kv, lo, hi, g, self.kv_len, self.fused)
                 for lo, hi in groups]
         # rounds[x] verifies group x and drafts for group 1 - x; built once, re-run every round.
-        rounds = [build_round(self.target, self.draft, bufs[x], bufs[1 - x], self.plan) for x in (0, 1)]
+        rounds = [build_round(self.target, self.draft, bufs[x], bufs[1 - x], self.plan, compiled=self.compiled)
+                  for x in (0, 1)]
         drafts: list[torch.Tensor | None] = [None, None]
 
         def load_draft(x):
@@ -165,7 +174,7 @@ class ColocatedDecoder:
 
         # Prologue: group 0 drafts alone (a conventional draft of one group).
         load_draft(0)
-        solo = draft_chain(self.draft, bufs[0].d_inputs)
+        solo = draft_chain(self.draft, bufs[0].d_inputs, self.compiled)
         solo.run()
         drafts[0] = torch.stack(solo.state["drafts"], 1)
         x = 0
@@ -174,6 +183,8 @@ class ColocatedDecoder:
             bufs[x].verify_block.copy_(torch.cat([next_tok[lo:hi, None], drafts[x]], 1))
             load_draft(1 - x)
             rnd = rounds[x]
+            if self.graphs and rnd.graph is None:
+                rnd.capture()  # both groups' inputs are loaded by now
             rnd()
             drafts[1 - x] = torch.stack(rnd.draft.state["drafts"], 1)
             n, bonus = chain_accept_greedy(drafts[x], rnd.target.state["logits"])
