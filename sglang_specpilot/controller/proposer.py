@@ -44,17 +44,17 @@ class EditProposer:
         self.rng = random.Random(seed)
         self.families = families
 
-    def edits(self, plan: JointPlan, catalog: dict[str, OpInfo]) -> list[tuple[str, JointPlan]]:
-        """Every legal one-edit neighbour of ``plan`` as (edit kind, plan)."""
-        groups = list(plan.groups)
+    def _free(self, plan: JointPlan, catalog: dict[str, OpInfo]) -> dict[str, tuple[list[str], list[str]]]:
+        """Per family, the target and draft operations no group of ``plan`` uses yet."""
         used = set(plan.ops())
-        out: list[tuple[str, JointPlan]] = []
-        free = {f: ([o for o, i in catalog.items() if i.family == f and i.model == "target" and o not in used],
+        return {f: ([o for o, i in catalog.items() if i.family == f and i.model == "target" and o not in used],
                     [o for o, i in catalog.items() if i.family == f and i.model == "draft" and o not in used])
                 for f in self.families}
-        for f, (targets, drafts) in free.items():
-            for t, d in itertools.product(targets, drafts):
-                out.append(("add", plan.with_groups([*groups, ConjugatedGroup(f, (t, d))])))
+
+    def _structural(self, plan: JointPlan) -> list[tuple[str, JointPlan]]:
+        """The merge, remove, split and priority edits of ``plan`` (unchecked; few: they act on its groups)."""
+        groups = list(plan.groups)
+        out: list[tuple[str, JointPlan]] = []
         for a, b in itertools.combinations(range(len(groups)), 2):
             ga, gb = groups[a], groups[b]
             if ga.family == gb.family:
@@ -73,10 +73,39 @@ class EditProposer:
         for prio in PRIORITIES:
             if prio != plan.priority:
                 out.append(("priority", replace(plan, priority=prio, proportions={})))
+        return out
+
+    def edits(self, plan: JointPlan, catalog: dict[str, OpInfo]) -> list[tuple[str, JointPlan]]:
+        """Every legal one-edit neighbour of ``plan`` as (edit kind, plan)."""
+        groups = list(plan.groups)
+        out: list[tuple[str, JointPlan]] = []
+        for f, (targets, drafts) in self._free(plan, catalog).items():
+            for t, d in itertools.product(targets, drafts):
+                out.append(("add", plan.with_groups([*groups, ConjugatedGroup(f, (t, d))])))
+        out += self._structural(plan)
         return [(kind, p) for kind, p in out if not check_plan(p, catalog)]
 
     def propose(self, plan: JointPlan, ctx: ProposalContext, m: int) -> list[JointPlan]:
+        """Up to ``m`` new legal plans: the structural edits plus ``m`` sampled add edits, shuffled.
+
+        Add edits are sampled rather than enumerated: a Llama-8B / 1B round has about 224 x 448 GEMM pairs,
+        and checking every one of them on each expansion took 30 s of the H200 run's time per new node.
+        """
         seen = {r["plan"] for r in ctx.history}
-        cands = [p for _, p in self.edits(plan, ctx.catalog) if p.key not in seen]
+        cands = [p for _, p in self._structural(plan) if p.key not in seen and not check_plan(p, ctx.catalog)]
+        free = [(f, t, d) for f, (t, d) in self._free(plan, ctx.catalog).items() if t and d]
+        weights = [len(t) * len(d) for _, t, d in free]
+        keys = {p.key for p in cands}
+        adds: list[JointPlan] = []
+        for _ in range(50 * m if free else 0):  # bounded: illegal or repeated draws are retried
+            if len(adds) == m:
+                break
+            f, targets, drafts = self.rng.choices(free, weights)[0]
+            pair = (self.rng.choice(targets), self.rng.choice(drafts))
+            p = plan.with_groups([*plan.groups, ConjugatedGroup(f, pair)])
+            if p.key not in seen and p.key not in keys and not check_plan(p, ctx.catalog):
+                keys.add(p.key)
+                adds.append(p)
+        cands += adds
         self.rng.shuffle(cands)
         return cands[:m]
