@@ -15,7 +15,8 @@ def test_colocate_suite_dry_run(tmp_path):
     # No kernel trace on the CPU, so no busy fractions; round times come from the baselines row.
     assert set(m) == {f"round_speedup_{slug}", f"round_speedup_no_interleave_{slug}",
                       f"round_speedup_two_stream_{slug}", f"round_us_conventional_{slug}",
-                      f"round_us_two_stream_{slug}"}
+                      f"round_us_two_stream_{slug}", f"round_us_conventional_full_batch_{slug}",
+                      f"throughput_vs_full_batch_{slug}"}
     assert all(v > 0 for v in m.values())
     base = doc["rows"][0]
     assert m[f"round_us_two_stream_{slug}"] == base["median_us"]["anchor"]

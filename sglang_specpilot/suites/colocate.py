@@ -2,7 +2,8 @@
 
 Per pair (synthetic weights at the published shapes, batch split in two groups, gamma draft steps,
 ``--prompt-len`` tokens already in the caches): the conventional round of one group (draft then verify,
-as one captured graph and as two graphs back to back), the plain two-stream round (the anchor), and the
+as one captured graph and as two graphs back to back), the conventional round of the whole batch (the
+throughput a split must beat: ``throughput_vs_full_batch``), the plain two-stream round (the anchor), and the
 best plans MCTS finds without and with interleaved kernels; every plan is gated, checked numerically and
 timed anchor / candidate / control in paired blocks (``controller.plan_eval``). GPU utilization is the
 busy fraction of a ``torch.profiler`` kernel trace. ``--device cpu`` with tiny presets is a dry run of
@@ -117,8 +118,10 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
     h = args.batch // 2
     a = RoundBuffers(target, draft, tk, dk, 0, h, args.gamma, kv_len)
     b = RoundBuffers(target, draft, tk, dk, h, args.batch, args.gamma, kv_len)
+    # The conventional round over the whole batch: what the same requests cost without splitting them.
+    full = RoundBuffers(target, draft, tk, dk, 0, args.batch, args.gamma, kv_len)
     V = min(target.cfg.vocab_size, draft.cfg.vocab_size)  # real pairs share a vocabulary; tiny ones may not
-    for buf in (a, b):
+    for buf in (a, b, full):
         buf.load(torch.full((buf.hi - buf.lo,), args.prompt_len, device=dev))
         buf.verify_block.copy_(torch.randint(2, V, buf.verify_block.shape, device=dev, generator=g))
         buf.draft_block.copy_(torch.randint(2, V, buf.draft_block.shape, device=dev, generator=g))
@@ -137,9 +140,11 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
         d_only, t_only = draft_chain(draft, a.d_inputs, compiled), verify_chain(target, a.t_inputs, compiled)
         d_run, t_run = _runner(d_only.run, cuda), _runner(t_only.run, cuda)
         anchor = make(None)
+        seq_full = CoScheduledRound(verify_chain(target, full.t_inputs, compiled),
+                                    draft_chain(draft, full.d_inputs, compiled), streams=False, device=dev)
         base = paired_timing({"seq_graph": _runner(seq.run, cuda), "back_to_back": lambda: (d_run(), t_run()),
-                              "anchor": _runner(anchor.run, cuda)}, blocks=args.blocks, inner=args.inner,
-                             device=dev)
+                              "anchor": _runner(anchor.run, cuda), "seq_graph_full_batch": _runner(seq_full.run, cuda)},
+                             blocks=args.blocks, inner=args.inner, device=dev)
         s_anchor, fastest = anchor_speedup(base, "anchor", ["seq_graph", "back_to_back"])
         _log(t0, "baselines (us): " + ", ".join(f"{n} {base.median(n) * 1e6:.0f}" for n in base.names)
              + f"; two-stream speedup {s_anchor:.3f} over {fastest}")
@@ -190,7 +195,12 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
                 "best": _gpu_busy_fraction(build(evaluator.tuned(best["interleave"][0])), cuda)}
 
     slug = _slug(pair)
+    # Co-located rounds serve one group (batch / 2 requests) per round; the conventional round over the
+    # whole batch serves all of them at once, so with equal acceptance the throughput of co-located rounds
+    # over full-batch conventional ones is time(full batch round) / (2 time(co-located round)).
+    per_request = paired_ratio_median(base, "seq_graph_full_batch", "anchor") / 2
     metrics = {
+        f"throughput_vs_full_batch_{slug}": float(per_request),
         f"round_speedup_{slug}": float(best["interleave"][1]["reward"]),
         f"round_speedup_no_interleave_{slug}": float(best["no_interleave"][1]["reward"]),
         f"round_speedup_two_stream_{slug}": float(s_anchor),
@@ -216,6 +226,8 @@ def derived_metrics(rows: list[dict]) -> dict:
         us = r["median_us"]
         out[f"round_us_conventional_{slug}"] = us[r["fastest_conventional"]]
         out[f"round_us_two_stream_{slug}"] = us["anchor"]
+        if "seq_graph_full_batch" in us:
+            out[f"round_us_conventional_full_batch_{slug}"] = us["seq_graph_full_batch"]
         for system, frac in (r.get("gpu_busy") or {}).items():
             if frac is not None:
                 out[f"gpu_busy_{system}_{slug}"] = frac
