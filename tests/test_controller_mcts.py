@@ -130,3 +130,7 @@ def test_gate_tunes_the_kernel_configuration():
     assert [t.get("error", "")[:12] for t in verdict["tuning"]] == ["", "", "RuntimeError"]
     plan = JointPlan((group,))
     assert ev.tuned(plan).groups[0].config == fast and plan.groups[0].config == KernelConfig()
+    # A resumed search hands its records back: the group is neither gated nor tuned again.
+    again = PlanEvaluator(cat, lambda p: None, lambda p: {}, lambda g: 1 / 0, 1.0)
+    again.restore([{"verdicts": {group.key: verdict}}])
+    assert again.gate(group) == verdict and again.tuned(plan).groups[0].config == fast

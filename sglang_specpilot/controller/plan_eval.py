@@ -125,6 +125,13 @@ class PlanEvaluator:
                                         "tuning": [{"config": asdict(c), "v": t["v"]} for t, c in tried] + errors}
         return self.verdicts[group.key]
 
+    def restore(self, records) -> None:
+        """Take the kernel verdicts (and tuned configurations) of earlier evaluations, e.g. a resumed
+        search's records, so their groups are not gated and tuned again."""
+        for r in records:
+            for key, verdict in (r.get("verdicts") or {}).items():
+                self.verdicts.setdefault(key, verdict)
+
     def tuned(self, plan: JointPlan) -> JointPlan:
         """``plan`` with each gated group's kernel configuration replaced by its tuned one."""
         groups = [g.with_config(KernelConfig(**self.verdicts[g.key]["config"]))

@@ -182,6 +182,7 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
             path = args.state_dir / f"{_slug(pair)}_{label}.json" if args.state_dir else None
             search = MCTS(EditProposer(seed=0), evaluator, ProposalContext(catalog),
                           root=JointPlan(interleave=root_interleave), state_path=path)
+            evaluator.restore(search.records.values())  # a resumed search keeps its tuned kernels
             for it in range(args.search_iters):
                 key = search.step()
                 r = search.records[key]
