@@ -1,13 +1,15 @@
 """Merge results files of one suite, written by separate runs, into one file.
 
-    python benchmarks/merge_results.py OUT.json IN.json [IN.json ...] [--log NAME=PATH ...] [--note TEXT]
+    python benchmarks/merge_results.py OUT.json IN.json [IN.json ...] [--log NAME=PATH ...]
+        [--attach NAME=PATH ...] [--note TEXT]
 
 Used when a suite's parts ran as separate device calls (one pair per call, so a call that runs out of
 time loses only its own part). The first input gives the header (suite, GPU, versions, peaks); every
 input's commit, date and command are kept under ``runs``; metrics are united (a metric measured by two
 inputs is an error) and rows concatenated. A suite module with a ``derived_metrics(rows)`` function
 (e.g. ``colocate``) has those metrics recomputed from the merged rows. ``--log`` attaches a run's
-progress lines (the search's per-plan rewards) as evidence.
+progress lines (the search's per-plan rewards) as evidence, ``--attach`` a JSON document (a search's
+state file with every evaluated plan and kernel verdict, a diagnostic's output) under ``attachments``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main(argv=None) -> None:
     p.add_argument("out", type=Path)
     p.add_argument("inputs", type=Path, nargs="+")
     p.add_argument("--log", action="append", default=[], help="NAME=PATH of a run's log to attach")
+    p.add_argument("--attach", action="append", default=[], help="NAME=PATH of a JSON document to attach")
     p.add_argument("--note", default=None, help="provenance note to record")
     a = p.parse_args(argv)
     doc = merge([json.loads(f.read_text()) for f in a.inputs])
@@ -58,6 +61,11 @@ def main(argv=None) -> None:
             name, path = item.split("=", 1)
             doc["logs"][name] = [ln.rstrip("\n") for ln in Path(path).read_text().splitlines()
                                  if ln.startswith("[")]
+    if a.attach:
+        doc["attachments"] = {}
+        for item in a.attach:
+            name, path = item.split("=", 1)
+            doc["attachments"][name] = json.loads(Path(path).read_text())
     if a.note:
         doc["provenance_note"] = a.note
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
