@@ -18,7 +18,7 @@ import torch
 from ..colocate.coschedule import CoScheduledRound
 from ..colocate.plan import JointPlan
 from ..colocate.segments import StepInputs, draft_chain, verify_chain
-from ..models.llama import Transformer, tree_attention
+from ..models.llama import Transformer, fused_attention_supported
 from .attn_meta import StepMeta, build_step_meta, causal_tree
 from .kv_cache import KVCache
 from .spec import chain_accept_greedy
@@ -32,8 +32,7 @@ def _static_meta(seq_len, anc, depth, kv_len, group, with_mask) -> StepMeta:
 
 def fused_attention_ok(model: Transformer) -> bool:
     """Whether the fused tree-attention kernel serves this model here (CUDA, a head size it has)."""
-    return (tree_attention is not None and model.embed.weight.device.type == "cuda"
-            and model.cfg.head_dim in (32, 64, 128))
+    return model.embed.weight.device.type == "cuda" and fused_attention_supported(model.cfg)
 
 
 def _rows(kv: KVCache, lo: int, hi: int):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.llama import Transformer, run_block, tree_attention
+from ..models.llama import Transformer, fused_attention_supported, run_block
 from .attn_meta import build_step_meta, window_mask
 from .kv_cache import KVCache
 
@@ -87,7 +87,7 @@ class ModelRunner:
         # torch.compile fuses each block's norms, rope and SwiGLU into a few kernels; only graph-captured
         # (fixed-shape) steps use it, so eager prefill never triggers a recompile. One compiled block
         # serves all layers; each (batch, width, model shape) adds a cache entry, hence the larger limit.
-        self.fused_attention = fused_attention and tree_attention is not None and model.cfg.head_dim in (32, 64, 128)
+        self.fused_attention = fused_attention and fused_attention_supported(model.cfg)
         self._layer_fn = None
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

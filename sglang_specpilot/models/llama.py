@@ -20,6 +20,13 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     tree_attention = None
 from .rope import apply_rope, rope_table
 
+FUSED_HEAD_DIMS = (32, 64, 128)  # head sizes the fused tree-attention kernel is built for
+
+
+def fused_attention_supported(cfg: ModelConfig) -> bool:
+    """Whether the fused tree-attention kernel can serve this model (Triton present, a head size it has)."""
+    return tree_attention is not None and cfg.head_dim in FUSED_HEAD_DIMS
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Same op order as Hugging Face: normalize in float32, cast back, then scale.
