@@ -24,12 +24,10 @@ from sglang_specpilot.colocate.coschedule import CoScheduledRound
 from sglang_specpilot.colocate.grouped_gemm import GemmMember, GroupedGemm
 from sglang_specpilot.colocate.plan import PRIORITIES, JointPlan
 from sglang_specpilot.colocate.segments import draft_chain, verify_chain
-from sglang_specpilot.engine.colocated import RoundBuffers, build_round
-from sglang_specpilot.engine.kv_cache import KVCache
+from sglang_specpilot.engine.colocated import build_round
 from sglang_specpilot.harness.graphs import graph_replay
 from sglang_specpilot.harness.timing import paired_timing
-from sglang_specpilot.models.build import build_model
-from sglang_specpilot.models.presets import preset_config
+from sglang_specpilot.suites.colocate import build_pair
 
 # (block_m, block_n, block_k, split_k) tried for each GEMM pair.
 CONFIGS = [(16, 64, 64, 1), (32, 64, 64, 1), (32, 32, 128, 1), (32, 64, 128, 1), (32, 128, 64, 1),
@@ -45,23 +43,9 @@ def main() -> None:
     args = p.parse_args()
     t0 = time.time()
     dev, dt = torch.device("cuda"), torch.bfloat16
-    B, gamma, P = 8, 4, 1024
-    kv_len = P + 2 * (gamma + 1) + 64
-    target = build_model(preset_config(args.target), device=dev, dtype=dt, synthetic_seed=0, max_positions=kv_len)
-    draft = build_model(preset_config(args.draft), device=dev, dtype=dt, synthetic_seed=1, max_positions=kv_len)
-    g = torch.Generator(device=dev).manual_seed(0)
-    tk, dk = (KVCache(m.cfg, B, kv_len, dev, dt) for m in (target, draft))
-    for k, v in tk.layers + dk.layers:  # never time on zeros
-        k.normal_(generator=g)
-        v.normal_(generator=g)
+    B, gamma = 8, 4
     h = B // 2
-    a = RoundBuffers(target, draft, tk, dk, 0, h, gamma, kv_len)
-    b = RoundBuffers(target, draft, tk, dk, h, B, gamma, kv_len)
-    vocab = min(target.cfg.vocab_size, draft.cfg.vocab_size)
-    for buf in (a, b):
-        buf.load(torch.full((h,), P, device=dev))
-        buf.verify_block.copy_(torch.randint(2, vocab, buf.verify_block.shape, device=dev, generator=g))
-        buf.draft_block.copy_(torch.randint(2, vocab, buf.draft_block.shape, device=dev, generator=g))
+    target, draft, a, b, _ = build_pair(args.target, args.draft, B, gamma, 1024, dev, dt)
     res: dict[str, float | bool] = {}
     compiled = not args.eager
     with torch.inference_mode():

@@ -102,29 +102,40 @@ def _state_before(chain, info) -> dict:
     return dict(chain.state)
 
 
+def build_pair(tname: str, dname: str, batch: int, gamma: int, prompt_len: int, dev: torch.device, dtype):
+    """A target/draft pair with synthetic weights and filled caches, ready for timed rounds.
+
+    Returns ``(target, draft, a, b, full)``: the ``RoundBuffers`` of the two groups (rows ``[0, batch/2)``
+    and ``[batch/2, batch)``) and of the whole batch, each loaded at ``prompt_len`` tokens with random
+    verification and draft blocks (never time on zeros).
+    """
+    kv_len = prompt_len + 2 * (gamma + 1) + 64
+    target = build_model(preset_config(tname), device=dev, dtype=dtype, synthetic_seed=0, max_positions=kv_len)
+    draft = build_model(preset_config(dname), device=dev, dtype=dtype, synthetic_seed=1, max_positions=kv_len)
+    g = torch.Generator(device=dev).manual_seed(0)
+    tk, dk = (KVCache(m.cfg, batch, kv_len, dev, dtype) for m in (target, draft))
+    for k, v in tk.layers + dk.layers:
+        k.normal_(generator=g)
+        v.normal_(generator=g)
+    h = batch // 2
+    a = RoundBuffers(target, draft, tk, dk, 0, h, gamma, kv_len)
+    b = RoundBuffers(target, draft, tk, dk, h, batch, gamma, kv_len)
+    # The conventional round over the whole batch: what the same requests cost without splitting them.
+    full = RoundBuffers(target, draft, tk, dk, 0, batch, gamma, kv_len)
+    V = min(target.cfg.vocab_size, draft.cfg.vocab_size)  # real pairs share a vocabulary; tiny ones may not
+    for buf in (a, b, full):
+        buf.load(torch.full((buf.hi - buf.lo,), prompt_len, device=dev))
+        buf.verify_block.copy_(torch.randint(2, V, buf.verify_block.shape, device=dev, generator=g))
+        buf.draft_block.copy_(torch.randint(2, V, buf.draft_block.shape, device=dev, generator=g))
+    return target, draft, a, b, full
+
+
 def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
     dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
     cuda = dev.type == "cuda"
     t0 = time.perf_counter()
     tname, dname = pair.split(":")
-    kv_len = args.prompt_len + 2 * (args.gamma + 1) + 64
-    target = build_model(preset_config(tname), device=dev, dtype=dtype, synthetic_seed=0, max_positions=kv_len)
-    draft = build_model(preset_config(dname), device=dev, dtype=dtype, synthetic_seed=1, max_positions=kv_len)
-    g = torch.Generator(device=dev).manual_seed(0)
-    tk, dk = (KVCache(m.cfg, args.batch, kv_len, dev, dtype) for m in (target, draft))
-    for k, v in tk.layers + dk.layers:  # never time on zeros
-        k.normal_(generator=g)
-        v.normal_(generator=g)
-    h = args.batch // 2
-    a = RoundBuffers(target, draft, tk, dk, 0, h, args.gamma, kv_len)
-    b = RoundBuffers(target, draft, tk, dk, h, args.batch, args.gamma, kv_len)
-    # The conventional round over the whole batch: what the same requests cost without splitting them.
-    full = RoundBuffers(target, draft, tk, dk, 0, args.batch, args.gamma, kv_len)
-    V = min(target.cfg.vocab_size, draft.cfg.vocab_size)  # real pairs share a vocabulary; tiny ones may not
-    for buf in (a, b, full):
-        buf.load(torch.full((buf.hi - buf.lo,), args.prompt_len, device=dev))
-        buf.verify_block.copy_(torch.randint(2, V, buf.verify_block.shape, device=dev, generator=g))
-        buf.draft_block.copy_(torch.randint(2, V, buf.draft_block.shape, device=dev, generator=g))
+    target, draft, a, b, full = build_pair(tname, dname, args.batch, args.gamma, args.prompt_len, dev, dtype)
 
     _log(t0, f"{pair}: models and caches built")
 
