@@ -53,8 +53,21 @@ def tree_anc(n: int, gen: torch.Generator) -> torch.Tensor:
     return anc
 
 
-def make_case(batch, n, groups, head_dim, seq_lens, anc_kind, dtype=torch.float32, kv_heads=2, seed=0):
+def expansion_anc(n: int, w: int, gen: torch.Generator) -> torch.Tensor:
+    """[n, w]: n queries at distinct window slots of a random w-node tree, each seeing its slot's ancestry."""
+    tree = tree_anc(w, gen)
+    return tree[torch.randperm(w, generator=gen)[:n]]
+
+
+def make_case(batch, n, groups, head_dim, seq_lens, anc_kind, dtype=torch.float32, kv_heads=2, seed=0, win=None):
+    """q [batch, n, ...], caches of S slots, seq_len, anc [n, win] (or [batch, n, win]); win defaults to n.
+
+    anc kinds: "chain", "tree" (shared, square), "per_request" (a tree per request), "expansion" (shared
+    [n, win], see ``expansion_anc``), "expansion_per_request". In the expansion kinds the window slots that
+    no query sees hold large stale values, so a leak of one would show.
+    """
     gen = torch.Generator().manual_seed(seed)
+    win = n if win is None else win
     # One spare cache row: rows past the batch must be ignored.
     q = torch.randn(batch, n, kv_heads * groups, head_dim, generator=gen)
     k = torch.randn(batch + 1, S, kv_heads, head_dim, generator=gen)
@@ -63,8 +76,20 @@ def make_case(batch, n, groups, head_dim, seq_lens, anc_kind, dtype=torch.float3
         anc = chain_anc(n)
     elif anc_kind == "tree":
         anc = tree_anc(n, gen)
-    else:  # one tree per request
+    elif anc_kind == "per_request":
         anc = torch.stack([tree_anc(n, gen) for _ in range(batch)])
+    elif anc_kind == "expansion":
+        anc = expansion_anc(n, win, gen)
+    else:
+        assert anc_kind == "expansion_per_request", anc_kind
+        anc = torch.stack([expansion_anc(n, win, gen) for _ in range(batch)])
+    assert anc.shape[-1] == win
+    if anc_kind.startswith("expansion"):
+        unseen = ~anc.expand(batch, n, win).any(1)  # [batch, win]
+        for b, s in enumerate(seq_lens):
+            for t in unseen[b].nonzero().flatten().tolist():
+                k[b, s + t] *= 30.0
+                v[b, s + t] *= 30.0
     seq_len = torch.tensor(seq_lens, dtype=torch.int64)
     return [t.to(DEVICE, dtype if t.is_floating_point() else None) for t in (q, k, v, seq_len, anc)]
 
@@ -88,13 +113,14 @@ def assert_close(out, ref, tol, what=""):
 
 def brute_force(q, k_cache, v_cache, seq_len, anc):
     B, N, Hq, D = q.shape
+    W = anc.shape[-1]
     G = Hq // k_cache.shape[2]
-    anc = anc.expand(B, N, N)
+    anc = anc.expand(B, N, W)
     o = torch.zeros(B, N, Hq, D, dtype=torch.float64)
     for b in range(B):
         s = int(seq_len[b])
         for i in range(N):
-            seen = list(range(s)) + [s + j for j in range(N) if anc[b, i, j]]
+            seen = list(range(s)) + [s + j for j in range(W) if anc[b, i, j]]
             for h in range(Hq):
                 kk = k_cache[b, seen, h // G].double()
                 vv = v_cache[b, seen, h // G].double()
@@ -106,6 +132,14 @@ def brute_force(q, k_cache, v_cache, seq_len, anc):
 def test_reference_matches_brute_force(anc_kind):
     q, k, v, seq_len, anc = (t.cpu() for t in make_case(3, 5, 3, 32, [0, 17, 130], anc_kind))
     k[:, 150:] = float("nan")  # past every request's end: the reference must not see it
+    assert_close(tree_attention_ref(q, k, v, seq_len, anc), brute_force(q, k, v, seq_len, anc), 1e-5, "ref")
+
+
+@pytest.mark.parametrize("anc_kind", ["expansion", "expansion_per_request"])
+def test_reference_matches_brute_force_window(anc_kind):
+    # Nq = 4 queries over a W = 9 window: the window slots past the queries' count must still be seen.
+    q, k, v, seq_len, anc = (t.cpu() for t in make_case(3, 4, 3, 32, [0, 17, 130], anc_kind, win=9))
+    k[:, 140:] = float("nan")  # past every request's window
     assert_close(tree_attention_ref(q, k, v, seq_len, anc), brute_force(q, k, v, seq_len, anc), 1e-5, "ref")
 
 
@@ -157,6 +191,37 @@ def test_kernel_matches_reference(batch, n, groups, head_dim, seq_lens, anc_kind
     out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], "fp32")
+
+
+# (batch, Nq, W, G, head_dim, seq_lens, anc, num_splits): fewer queries than window slots.
+WINDOW_CASES = [
+    (1, 1, 9, 4, 64, [130], "expansion", None),  # one query over a 9-slot window
+    (3, 4, 9, 3, 32, [0, 60, 130], "expansion", 2),  # the window straddles a block edge (60 .. 68)
+    (3, 5, 70, 1, 32, [1, 64, 17], "expansion_per_request", 3),  # W > BLOCK_S: the window spans two blocks
+    (2, 3, 11, 4, 64, [149, 5], "expansion", 1),  # seq_len + W = S; one split writes o directly
+    (2, 7, 12, 3, 32, [33, 100], "expansion_per_request", 16),  # more splits than blocks
+]
+
+
+@kernel_case
+@pytest.mark.parametrize("batch,n,win,groups,head_dim,seq_lens,anc_kind,num_splits", WINDOW_CASES)
+def test_kernel_window_wider_than_queries(batch, n, win, groups, head_dim, seq_lens, anc_kind, num_splits):
+    q, k, v, seq_len, anc = make_case(batch, n, groups, head_dim, seq_lens, anc_kind, win=win)
+    ref = tree_attention_ref(q, k, v, seq_len, anc)
+    # Past the window: garbage the kernel must not read into the result.
+    for b, s in enumerate(seq_lens):
+        k[b, s + win :] = float("nan")
+        v[b, s + win :] = float("nan")
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close(out, ref, TOL[torch.float32], f"Nq {n}, W {win}")
+
+
+@kernel_case
+def test_kernel_window_half_precision():
+    q, k, v, seq_len, anc = make_case(2, 3, 2, 64, [70, 0], "expansion", dtype=torch.bfloat16, win=10)
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=2)
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.bfloat16], "bf16 window")
 
 
 @kernel_case
@@ -226,8 +291,10 @@ def test_compile_fullgraph():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replay_follows_seq_len():
-    q, k, v, seq_len, anc = make_case(3, 5, 4, 64, [0, 65, 130], "tree", dtype=torch.bfloat16)
+@pytest.mark.parametrize("win", [None, 9])
+def test_cuda_graph_replay_follows_seq_len(win):
+    anc_kind = "tree" if win is None else "expansion"
+    q, k, v, seq_len, anc = make_case(3, 5, 4, 64, [0, 65, 130], anc_kind, dtype=torch.bfloat16, win=win)
     tree_attention(q, k, v, seq_len, anc)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -1,17 +1,20 @@
-"""Tree attention over a static KV cache: one verification step of N draft tokens per request.
+"""Tree attention over a static KV cache: one verification (or draft-expansion) step per request.
 
 The contract (DESIGN.md, tree verification; the same as ``engine.attn_meta``): request b has
-``seq_len[b]`` tokens in slots ``0 .. seq_len[b]-1``. The step's N new tokens already had their K/V written
-to slots ``seq_len[b] + i``. Query token i sees every prefix slot, and new slot ``seq_len[b] + j`` iff
-``anc[i, j]`` (j is an ancestor of i, or i itself). Slots from ``seq_len[b] + N`` on hold garbage, possibly
-NaN, and never reach the result.
+``seq_len[b]`` tokens in slots ``0 .. seq_len[b]-1``. The step has Nq query tokens and a window of W new
+slots ``seq_len[b] .. seq_len[b] + W - 1`` whose K/V are already written (some may hold stale values from
+an earlier step: they must be finite). Query token i sees every prefix slot, and window slot
+``seq_len[b] + t`` iff ``anc[(b,) i, t]``. Verification is W = Nq with a True diagonal (t is an ancestor
+of i, or i itself); draft-tree expansion at depth d has k queries at window slots ``seq_len + e`` (their
+expansion index e) that see the root and their ancestors among the W expansion slots. Slots from
+``seq_len[b] + W`` on hold garbage, possibly NaN, and never reach the result.
 
 The idea. Decode attention is bound by reading the cache, so every K/V block is read once for all the
-queries that need it: a program owns one (request, KV head, row tile, KV split) and the N * G query rows
+queries that need it: a program owns one (request, KV head, row tile, KV split) and the Nq * G query rows
 (row ``n * G + g``) of the G query heads that share that KV head, padded to BLOCK_R >= 16 for ``tl.dot``.
 It walks its slice of the cache in BLOCK_S slots at a time with an online softmax in fp32 (log2 domain).
 Blocks that lie wholly in the prefix take an unmasked fast path; only the last one or two blocks of a
-request (the prefix tail and the new tokens) load the ancestor mask.
+request (the prefix tail and the window) load the ancestor mask.
 
 Small batches leave most SMs idle, so the cache is also cut into ``num_splits`` contiguous ranges
 (flash-decoding). The count is fixed on the host from static shapes only; the ranges themselves come
@@ -61,9 +64,9 @@ DEFAULT_NUM_SMS = 132
 
 
 @triton.jit
-def _split_blocks(seq, num_new, num_splits, BLOCK_S: tl.constexpr):
+def _split_blocks(seq, num_win, num_splits, BLOCK_S: tl.constexpr):
     # Cache blocks per split for this request; both kernels must cut the range the same way.
-    num_blocks = tl.cdiv(seq + num_new, BLOCK_S)
+    num_blocks = tl.cdiv(seq + num_win, BLOCK_S)
     return tl.cdiv(num_blocks, num_splits)
 
 
@@ -135,7 +138,8 @@ def _tree_attention_kernel(
     stride_aj,
     stride_seq,
     num_kv_heads,
-    num_new,
+    num_q,
+    num_win,
     group,
     num_row_tiles,
     num_splits,
@@ -156,9 +160,9 @@ def _tree_attention_kernel(
     # Under torch.compile inductor passes Python floats as fp64; fp64 scores would make m_i change type.
     qk_scale = tl.full([], qk_scale, tl.float32)
 
-    # -- query rows: row r is new token r // G of query head kv_head * G + r % G --------------------------
+    # -- query rows: row r is query token r // G of query head kv_head * G + r % G ------------------------
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < num_new * group
+    row_ok = rows < num_q * group
     tok = rows // group
     head = kv_head * group + rows % group
     dims = tl.arange(0, HEAD_DIM)
@@ -170,8 +174,8 @@ def _tree_attention_kernel(
 
     # -- this split's slot range [start, end), aligned to BLOCK_S, computed from seq_len on the device -----
     seq = tl.load(seq_len_ptr + b * stride_seq).to(tl.int32)
-    total = seq + num_new
-    per_split = _split_blocks(seq, num_new, num_splits, BLOCK_S)
+    total = seq + num_win
+    per_split = _split_blocks(seq, num_win, num_splits, BLOCK_S)
     start = split * per_split * BLOCK_S
     end = tl.minimum(start + per_split * BLOCK_S, total)  # below start when the split is empty
     # Blocks that end at or before seq are pure prefix: every row sees every slot, no mask needed.
@@ -193,17 +197,18 @@ def _tree_attention_kernel(
         v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :])
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, None, qk_scale, False, DOT_PRECISION, UPCAST)
 
-    # -- the prefix tail and the new tokens: the ancestor mask decides ------------------------------------
+    # -- the prefix tail and the window: the ancestor mask decides --------------------------------------
     for s0 in range(full_end, end, BLOCK_S):
         offs = s0 + slots
         in_use = offs < total
-        # Masked loads (not multiply-by-zero) keep NaN garbage past the end out of the dot products.
+        # Masked loads (not multiply-by-zero) keep NaN garbage past the window out of the dot products.
+        # Window slots a row may not see are finite (the contract), so their masked p = 0 adds nothing.
         k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_use[:, None], other=0.0)
         v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_use[:, None], other=0.0)
         rel = offs - seq
-        is_new = (rel >= 0) & in_use
+        is_win = (rel >= 0) & in_use
         anc_ptrs = anc_base[:, None] + rel[None, :] * stride_aj
-        tree = tl.load(anc_ptrs, mask=row_ok[:, None] & is_new[None, :], other=0)
+        tree = tl.load(anc_ptrs, mask=row_ok[:, None] & is_win[None, :], other=0)
         allowed = (offs < seq)[None, :] | (tree != 0)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, allowed, qk_scale, True, DOT_PRECISION, UPCAST)
 
@@ -233,7 +238,8 @@ def _merge_splits_kernel(
     stride_oh,
     stride_seq,
     num_kv_heads,
-    num_new,
+    num_q,
+    num_win,
     group,
     num_row_tiles,
     num_splits,
@@ -247,7 +253,7 @@ def _merge_splits_kernel(
     kv_head = (pid // num_row_tiles) % num_kv_heads
     b = (pid // num_row_tiles // num_kv_heads).to(tl.int64)
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < num_new * group
+    row_ok = rows < num_q * group
     tok = rows // group
     head = kv_head * group + rows % group
     local = tl.arange(0, BLOCK_R)
@@ -255,8 +261,8 @@ def _merge_splits_kernel(
 
     # Splits past the last non-empty one hold (0, -inf); skipping them saves reading them at short contexts.
     seq = tl.load(seq_len_ptr + b * stride_seq).to(tl.int32)
-    per_split = _split_blocks(seq, num_new, num_splits, BLOCK_S)
-    num_active = tl.cdiv(tl.cdiv(seq + num_new, BLOCK_S), per_split)
+    per_split = _split_blocks(seq, num_win, num_splits, BLOCK_S)
+    num_active = tl.cdiv(tl.cdiv(seq + num_win, BLOCK_S), per_split)
 
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -322,17 +328,18 @@ def _tree_attention_op(
     scale: float,
     num_splits: int,
 ) -> torch.Tensor:
-    B, N, Hq, D = q.shape
+    B, Nq, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    W = anc.shape[-1]
     G = Hq // Hkv
     num_sms = _num_sms(q.device)
-    block_r = row_block(N * G, B, Hkv, num_sms)
-    row_tiles = triton.cdiv(N * G, block_r)
+    block_r = row_block(Nq * G, B, Hkv, num_sms)
+    row_tiles = triton.cdiv(Nq * G, block_r)
     if num_splits <= 0:
         num_splits = default_num_splits(B, Hkv, row_tiles, S, num_sms)
     # anc goes in as bool: Triton reads it through an i1 pointer, one byte each. A uint8 view would do as
     # well in eager mode, but inductor cannot lower a bool -> uint8 view (torch 2.11).
-    stride_ab = anc.stride(0) if anc.dim() == 3 else 0  # a shared [N, N] tree: every request reads it
+    stride_ab = anc.stride(0) if anc.dim() == 3 else 0  # a shared [Nq, W] mask: every request reads it
 
     o = torch.empty_like(q)
     one_split = num_splits == 1
@@ -375,7 +382,8 @@ def _tree_attention_op(
         anc.stride(-1),
         seq_len.stride(0),
         Hkv,
-        N,
+        Nq,
+        W,
         G,
         row_tiles,
         num_splits,
@@ -400,7 +408,8 @@ def _tree_attention_op(
             o.stride(2),
             seq_len.stride(0),
             Hkv,
-            N,
+            Nq,
+            W,
             G,
             row_tiles,
             num_splits,
@@ -421,28 +430,30 @@ def tree_attention(
     scale: float | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Attention of N new tokens per request over a static KV cache, with a tree mask among them.
+    """Attention of Nq query tokens per request over a static KV cache and a window of W new slots.
 
     ``o[b, i, h] = softmax_j(scale * q[b, i, h] . k[b, j, h // G]) @ v[b, j, h // G]`` over the slots j
     that query i may see: every ``j < seq_len[b]``, and ``j = seq_len[b] + t`` where ``anc[(b,) i, t]``.
 
     Parameters
     ----------
-    q : [B, N, Hq, D] bf16, fp16 or fp32, contiguous; Hq = G * Hkv, D in {32, 64, 128}
-    k_cache, v_cache : [B_max, S, Hkv, D], q's dtype, B_max >= B; rows 0..B-1 are read. The new tokens'
-        K/V must already sit at slots ``seq_len[b] .. seq_len[b] + N - 1``; later slots may hold anything.
-    seq_len : [B] int64 (or int32), tokens already in the cache per request; ``seq_len + N <= S``
+    q : [B, Nq, Hq, D] bf16, fp16 or fp32, contiguous; Hq = G * Hkv, D in {32, 64, 128}
+    k_cache, v_cache : [B_max, S, Hkv, D], q's dtype, B_max >= B; rows 0..B-1 are read. The window's K/V
+        sit at slots ``seq_len[b] .. seq_len[b] + W - 1`` and must be finite, also where no query sees
+        them; later slots may hold anything.
+    seq_len : [B] int64 (or int32), tokens already in the cache per request; ``seq_len + W <= S``
         (not checked: checking would read seq_len on the host)
-    anc : [N, N] shared or [B, N, N] per request, bool; anc[i, j] = new token j is an ancestor of i or i
-        itself (the diagonal must be True)
+    anc : [Nq, W] shared or [B, Nq, W] per request, bool; anc[i, t] = query i sees window slot t. Every
+        query must see some slot (seq_len > 0 or a True in its row); verification passes W = Nq and the
+        ancestor-or-self matrix.
     scale : softmax scale, default ``1 / sqrt(D)``
     num_splits : KV splits per (request, kv head); None picks one from the static shapes
 
     Returns
     -------
-    o : [B, N, Hq, D] in q's dtype (accumulated in fp32)
+    o : [B, Nq, Hq, D] in q's dtype (accumulated in fp32)
     """
-    B, N, Hq, D = q.shape
+    B, Nq, Hq, D = q.shape
     assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "k_cache, v_cache: [B_max, S, Hkv, D]"
     assert k_cache.shape[0] >= B and k_cache.shape[3] == D, "cache rows or head_dim do not match q"
     assert Hq % k_cache.shape[2] == 0, "query heads must be a multiple of kv heads"
@@ -452,7 +463,10 @@ def tree_attention(
     assert q.is_contiguous(), "q must be contiguous"
     assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "cache head_dim must be contiguous"
     assert seq_len.shape == (B,) and not seq_len.dtype.is_floating_point, "seq_len: [B] integer"
-    assert anc.shape in ((N, N), (B, N, N)) and anc.dtype == torch.bool, "anc: [N, N] or [B, N, N] bool"
+    assert anc.dim() in (2, 3) and anc.dtype == torch.bool, "anc: [Nq, W] or [B, Nq, W] bool"
+    W = anc.shape[-1]
+    assert W >= 1 and anc.shape in ((Nq, W), (B, Nq, W)), f"anc {tuple(anc.shape)}: [Nq, W] or [B, Nq, W]"
+    assert W <= k_cache.shape[1], "the window is wider than the cache"
     if scale is None:
         scale = D**-0.5
     if q.device.type == "cpu" and not INTERPRETED:
@@ -475,23 +489,24 @@ def tree_attention_ref(
 ) -> torch.Tensor:
     """Plain PyTorch ``tree_attention`` in fp32 (same arguments and result).
 
-    The mask spans the whole cache capacity S rather than ``max(seq_len) + N``: the same answer without
+    The mask spans the whole cache capacity S rather than ``max(seq_len) + W``: the same answer without
     reading seq_len on the host, so this also runs under ``torch.compile(fullgraph=True)``.
     """
-    B, N, Hq, D = q.shape
+    B, Nq, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    W = anc.shape[-1]
     G = Hq // Hkv
     if scale is None:
         scale = D**-0.5
-    rel = torch.arange(S, device=q.device)[None, :] - seq_len[:, None].long()  # [B, S], 0 = first new slot
-    in_use = rel < N
-    tree = anc.expand(B, N, N).gather(2, rel.clamp(0, N - 1)[:, None, :].expand(B, N, S))  # [B, N, S]
+    rel = torch.arange(S, device=q.device)[None, :] - seq_len[:, None].long()  # [B, S], 0 = first window slot
+    in_use = rel < W
+    tree = anc.expand(B, Nq, W).gather(2, rel.clamp(0, W - 1)[:, None, :].expand(B, Nq, S))  # [B, Nq, S]
     mask = (rel < 0)[:, None, :] | ((rel >= 0) & in_use)[:, None, :] & tree
     # Zero the garbage past the end: a masked NaN would still poison the p @ v product (0 * NaN).
     k = torch.where(in_use[:, :, None, None], k_cache[:B].float(), 0.0)
     v = torch.where(in_use[:, :, None, None], v_cache[:B].float(), 0.0)
-    qf = q.float().view(B, N, Hkv, G, D)
+    qf = q.float().view(B, Nq, Hkv, G, D)
     scores = torch.einsum("bnhgd,bshd->bhgns", qf, k) * scale
     scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
     o = torch.einsum("bhgns,bshd->bnhgd", scores.softmax(-1), v)
-    return o.reshape(B, N, Hq, D).to(q.dtype)
+    return o.reshape(B, Nq, Hq, D).to(q.dtype)
