@@ -51,7 +51,9 @@ class EngineOptions:
     max_batch_size : KV rows; batches larger than this are refused.
     cuda_graphs : capture decode/draft/verify steps on CUDA over ``graph_batch_sizes``.
     prefill_chunk : prompt tokens per prefill forward (bounds activation memory).
-    compile : torch.compile the CUDA-graph-captured steps (fuses small ops; costs start-up time).
+    compile : torch.compile the captured rounds' blocks (fuses the small ops between GEMMs: 319 -> 801 tok/s
+        for AR on the real SmolLM2 on the H200); None = on for CUDA, off elsewhere. Everything compiles
+        at warm-up; prefill stays eager, so new prompt lengths never recompile.
     ngram_size : with no draft model, draft by prompt lookup with n-grams of up to this size (0 = off).
     weights / draft_weights : "bf16" (stock) or "w12" (lossless 12-bit weights decoded in the GEMM; needs
         bfloat16, which "auto" dtype then picks on the CPU too).
@@ -75,7 +77,7 @@ class EngineOptions:
     cuda_graphs: bool = True
     graph_batch_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64))
     prefill_chunk: int = 512
-    compile: bool = False
+    compile: bool | None = None
     ngram_size: int = 0
     weights: str = "bf16"
     draft_weights: str = "bf16"
@@ -136,6 +138,12 @@ class EngineOptions:
         if self.max_seq_len is not None:
             return self
         return replace(self, max_seq_len=min(model_context, DEFAULT_MAX_SEQ_LEN))
+
+    @property
+    def compile_on(self) -> bool:
+        if self.compile is None:
+            return self.device.startswith("cuda") and self.cuda_graphs
+        return bool(self.compile)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -37,4 +37,4 @@ def test_engine_options_reach_the_runners():
     for runner in (eng.target_runner, eng.draft_runner):
         assert runner._layer_fn is not None
         assert runner.ladder == (1, 2) and runner.max_seq == 64
-    assert eng.gamma == 3
+    assert eng.shape.depth == 3

@@ -197,7 +197,7 @@ def test_expand_lattice_equals_recompute(depth, top_k):
     runner.step(history[:, :11], torch.tensor([0, 0]), a, d)
     seq_len = torch.tensor([len(p) - 1 for p in ps])  # the prompt's last token is the root (next_tok)
     next_tok = torch.tensor([p[-1] for p in ps])
-    lat, expanded_by = expand_lattice(runner, history, seq_len, next_tok, depth, top_k, max_len=11)
+    lat, expanded_by, _ = expand_lattice(runner, history, seq_len, next_tok, depth, top_k)
     E = 1 + (depth - 1) * top_k
     assert lat.parents.shape == (2, E) and lat.tokens.shape == (2, E, top_k)
     flat_tok = lat.tokens.flatten(1)

@@ -18,17 +18,18 @@ import torch
 from tree_verify.accept import GreedyAccept
 
 
-def children_table(parents: torch.Tensor) -> torch.Tensor:
+def children_table(parents: torch.Tensor, max_children: int | None = None) -> torch.Tensor:
     """Children of every block entry in node order: [B, N + 1, K] block indices, padded with -1.
 
-    K is the largest number of siblings in the batch (one host sync).
+    K is ``max_children`` when the caller knows a bound (a best-first tree of top-k expansions has at
+    most top_k children per node), else the largest number of siblings in the batch (one host sync).
     """
     B, N = parents.shape
     dev = parents.device
     up = parents + 1  # block index of each node's parent
     earlier = torch.ones(N, N, dtype=torch.bool, device=dev).tril(-1)
     rank = ((up[:, :, None] == up[:, None, :]) & earlier).sum(-1)  # siblings before each node
-    K = int(rank.max()) + 1 if N else 1
+    K = max_children if max_children is not None else (int(rank.max()) + 1 if N else 1)
     table = torch.full((B, (N + 1) * K), -1, dtype=torch.long, device=dev)
     node_block = torch.arange(1, N + 1, device=dev).expand(B, N)
     table.scatter_(1, up * K + rank, node_block)
@@ -40,8 +41,13 @@ def accept_sampling_batched(
     tokens: torch.Tensor,
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
+    max_children: int | None = None,
+    max_depth: int | None = None,
 ) -> GreedyAccept:
     """Recursive rejection sampling down B deterministic-draft trees.
+
+    With ``max_children`` (a bound on any node's children) and ``max_depth`` (on any node's depth)
+    given, the walk has a fixed number of steps and reads nothing back to the host (capturable).
 
     Parameters
     ----------
@@ -49,6 +55,7 @@ def accept_sampling_batched(
     tokens : [B, N] int64, node tokens; < 0 marks a padding node
     target_probs : [B, N + 1, V] float, the target's (filtered) next-token distribution after each block entry
     generator : for the uniforms and the final draw (on the probs' device)
+    max_children, max_depth : static bounds of the tree (see above); None = find them (host syncs)
 
     Returns
     -------
@@ -57,7 +64,7 @@ def accept_sampling_batched(
     B, N = tokens.shape
     dev = tokens.device
     rows = torch.arange(B, device=dev)
-    table = children_table(parents)
+    table = children_table(parents, max_children)
     K = table.shape[-1]
     # float64: each rejection subtracts and renormalizes; float32 drifts after many siblings.
     p = target_probs[:, 0].double()
@@ -65,7 +72,7 @@ def accept_sampling_batched(
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     path_mask = torch.zeros(B, N + 1, dtype=torch.bool, device=dev)
     path_mask[:, 0] = True
-    for _ in range(N):
+    for _ in range(N if max_depth is None else min(N, max_depth)):
         moved = torch.zeros(B, dtype=torch.bool, device=dev)
         for r in range(K):
             c = table[rows, u, r]
@@ -86,7 +93,7 @@ def accept_sampling_batched(
         p = torch.where(moved[:, None], target_probs[rows, u].double(), p)
         path_mask[rows, u] |= moved
         done |= ~moved
-        if bool(done.all()):
+        if max_depth is None and bool(done.all()):
             break
     e = torch.empty_like(p).exponential_(1, generator=generator)
     bonus = (p / e).argmax(-1)

@@ -36,9 +36,12 @@ class Lattice:
     parents: torch.Tensor
     tokens: torch.Tensor
     logprobs: torch.Tensor
+    check: bool = True
 
     def __post_init__(self) -> None:
-        # One host sync per lattice; the checks guard the prefix-closure argument in best_first.
+        # The value checks cost a host sync, so the engine's rounds, which build lattices by
+        # construction (top-k log-probs, earlier parents), pass ``check=False``; the shapes are always
+        # checked. The checks guard the prefix-closure argument in best_first.
         if self.tokens.shape != self.logprobs.shape or self.tokens.shape[:-1] != self.parents.shape:
             raise ValueError(
                 f"shape mismatch: parents {tuple(self.parents.shape)}, tokens {tuple(self.tokens.shape)}, "
@@ -46,6 +49,8 @@ class Lattice:
             )
         if self.tokens.dim() not in (2, 3):
             raise ValueError(f"tokens must be [E, k] or [B, E, k], got {tuple(self.tokens.shape)}")
+        if not self.check:
+            return
         k = self.tokens.shape[-1]
         first_child_of_e = torch.arange(self.parents.shape[-1], device=self.parents.device) * k
         if bool(((self.parents < -1) | (self.parents >= first_child_of_e)).any()):

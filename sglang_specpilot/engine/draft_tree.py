@@ -38,24 +38,44 @@ def expand_lattice(
     next_tok: torch.Tensor,
     depth: int,
     top_k: int,
-    max_len: int,
-) -> tuple[Lattice, torch.Tensor]:
-    """Grow the draft lattice of B requests.
+    kv_len: int | None = None,
+    sample=None,
+) -> tuple[Lattice, torch.Tensor, torch.Tensor | None]:
+    """Grow the draft lattice of B requests (tensor ops only: capturable in a CUDA graph).
+
+    ``kv_len`` (>= max(seq_len) + E) bounds the slots dense-mask (CPU) attention reads. ``sample``
+    (chains only, top_k 1): a function logits -> (probs [B, V], tokens [B]) that draws each draft
+    token from the drafter's distribution instead of taking its argmax (speculative sampling).
 
     Returns
     -------
     lattice : batched Lattice, parents [B, E], tokens / logprobs [B, E, top_k]
     expanded_by : [B, E * top_k] int64, the expansion index that expanded each candidate, -1 if none
+    qs : [B, depth, V] draft distributions of the sampled chain, or None
     """
     B = seq_len.shape[0]
     dev = seq_len.device
     k = top_k
+    if sample is not None and k != 1:
+        raise ValueError("sampled drafting draws one token per depth (top_k 1)")
     E = 1 + (depth - 1) * k
+    ar2 = torch.arange(2, device=dev)
     prev = history.gather(1, (seq_len - 1)[:, None])
-    logits = runner.step(
-        torch.cat([prev, next_tok[:, None]], 1), seq_len - 1, *causal_tree(2, dev), max_len_hint=max_len
+    pos0 = (seq_len - 1)[:, None] + ar2
+    logits = runner.forward(
+        torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _TRIL2.get(dev), kv_len
     )[:, -1]
-    lp, tok = _logprobs(logits).topk(k, dim=-1)
+    qs = []
+
+    def children(logits):
+        if sample is None:
+            return _logprobs(logits).topk(k, dim=-1)
+        q, tok = sample(logits.reshape(B, -1))  # top_k 1: one distribution per row
+        qs.append(q)
+        shape = logits.shape[:-1] + (1,)
+        return torch.zeros(shape, device=dev), tok.view(shape)
+
+    lp, tok = children(logits)
     parents = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]
     tokens, logprobs, scores = [tok[:, None]], [lp[:, None]], [lp]
     # vis[b, e, e'] = expansion e' is e or one of its ancestors (slot seq_len + e' is visible to e).
@@ -77,19 +97,34 @@ def expand_lattice(
         parent_exp = cand // k
         vis[:, e_ids] = vis.gather(1, parent_exp[:, :, None].expand(B, k, E))
         vis[:, e_ids, e_ids] = True
-        all_tokens = torch.cat(tokens, 1).flatten(1)  # [B, (1 + (d-1)k... ) * k]
+        all_tokens = torch.cat(tokens, 1).flatten(1)
         x = all_tokens.gather(1, cand)
         pos = (seq_len + d)[:, None].expand(B, k)
         slots = seq_len[:, None] + e_ids
-        logits = runner.step_window(x, pos, slots, seq_len, vis[:, e_ids], max_len_hint=max_len)
-        lp, tok = _logprobs(logits).topk(k, dim=-1)  # [B, k, k]
+        logits = runner.forward(x, pos, slots, seq_len, vis[:, e_ids], kv_len)
+        lp, tok = children(logits)  # [B, k, k]
         base = torch.cat(scores, 1).gather(1, cand)  # path scores of the expanded candidates
         parents.append(cand)
         tokens.append(tok)
         logprobs.append(lp)
         scores += list((base[:, :, None] + lp).unbind(1))
-    lattice = Lattice(torch.cat(parents, 1), torch.cat(tokens, 1), torch.cat(logprobs, 1))
-    return lattice, expanded_by
+    lattice = Lattice(torch.cat(parents, 1), torch.cat(tokens, 1), torch.cat(logprobs, 1), check=False)
+    return lattice, expanded_by, (torch.stack(qs, 1) if qs else None)
+
+
+class _Tril2:
+    # The depth-0 draft step's causal [2, 2] mask, one per device (a constant the captured round reads).
+    def __init__(self):
+        self._by_dev: dict = {}
+
+    def get(self, dev) -> torch.Tensor:
+        key = str(dev)
+        if key not in self._by_dev:
+            self._by_dev[key] = causal_tree(2, dev)[0]
+        return self._by_dev[key]
+
+
+_TRIL2 = _Tril2()
 
 
 def commit_draft(

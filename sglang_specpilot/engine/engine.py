@@ -1,10 +1,13 @@
-"""The engine: prefill, then AR steps or chain speculative rounds until every request stops.
+"""The engine: one static KV cache per model, one round per configuration, one loop.
 
-Batching: requests of different prompt lengths share one static KV cache, one row each, right-padded;
-nothing is packed. Each row keeps its own length (``seq_len``), rope positions and mask, so padding is
-never attended to. Finished rows stay in the batch but stop advancing until the batch ends.
+Requests of different prompt lengths share the static KV cache, one row each, right-padded; nothing is
+packed. Each row keeps its own length (``seq_len``), rope positions and mask, so padding is never attended
+to. ``generate`` / ``stream`` admit the requests into rows (``rows.RowBatch``) and run
+``while busy: step()``, the loop the server runs too. Every step is one round of ``round.Round``: an AR
+step, a chain round or a best-first tree round, the same code with a different ``RoundShape``
+(a chain is a tree with top-k 1); on CUDA greedy rounds replay one CUDA graph per batch bucket.
 
-A speculative round (gamma draft tokens), per request, with ``seq_len`` tokens in the target cache and
+A chain round (gamma draft tokens), per request, with ``seq_len`` tokens in the target cache and
 ``next_tok`` the last emitted token (not yet in any cache):
 
     draft   [tok[seq_len-1], next_tok] at positions seq_len-1, seq_len -> d_1; then d_i -> d_{i+1}
@@ -17,32 +20,40 @@ needs a catch-up step after a fully accepted round, and every draft step has a f
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 
 import torch
 
-from ..config import EngineOptions, tree_expansions
+from ..config import EngineOptions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
-from .ngram import ngram_draft
 from .request import GenerationResult, Request, RequestError, StreamEvent
+from .round import CapturedRound, Round, RoundShape, RoundState
+from .rows import RowBatch
 from .runner import ModelRunner
-from .sampling import BatchSampling, SamplingParams, next_tokens, probs_from_logits, sample_from_probs
-from .spec import chain_accept_greedy, chain_accept_sampling
-from .tree_round import TreeRounds
+from .sampling import BatchSampling, SamplingParams
+
+log = logging.getLogger("specpilot.engine")
 
 
-def tree_reach(options: EngineOptions) -> int:
-    """Slots past a row's length that one tree round writes: the verify block or the draft's expansions."""
-    return max(options.tree_budget, tree_expansions(options.tree_depth, options.tree_top_k)) + 1
+def round_shape(options: EngineOptions, speculative: bool) -> RoundShape:
+    """The round of a configuration: AR (depth 0), a chain (top-k 1) or a best-first tree."""
+    if not speculative:
+        return RoundShape(0, 0, 1)
+    if options.tree:
+        return RoundShape(options.tree_budget, options.tree_depth, options.tree_top_k)
+    g = options.num_speculative_tokens
+    return RoundShape(g, g, 1)
 
 
 def scratch_slots(options: EngineOptions) -> int:
-    """Cache slots past max_seq_len per row: the widest step (prefill chunk or verify block)."""
-    if options.tree:
-        # One lagged round (CUDA lookahead) may start a finished row up to depth + 1 slots further.
-        return max(64, options.prefill_chunk, tree_reach(options) + options.tree_depth + 1)
-    return max(64, options.prefill_chunk, options.num_speculative_tokens + 1)
+    """Cache slots past max_seq_len per row: the widest step (prefill chunk, or a round that a finished
+    row runs once more under the lookahead, starting up to ``max_emitted`` slots further). Sized for the
+    speculative round of the options even when the engine turns out to decode AR (no drafter)."""
+    shape = round_shape(options, True)
+    return max(64, options.prefill_chunk, shape.reach + shape.max_emitted + 1)
 
 
 class Engine:
@@ -58,38 +69,56 @@ class Engine:
                 f"max_seq_len {options.max_seq_len} exceeds the model's context "
                 f"({target.cfg.max_position_embeddings} positions)"
             )
+        if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
+        self.ngram = options.ngram_size if draft is None else 0
+        speculative = draft is not None or self.ngram > 0
+        if options.tree and speculative and options.tree_top_k > target.cfg.vocab_size:
+            raise ValueError(f"tree_top_k {options.tree_top_k} exceeds the vocabulary ({target.cfg.vocab_size})")
+        shape = round_shape(options, speculative)
         need_pos = options.max_seq_len + scratch_slots(options)
         for m in (target, draft):
             if m is not None and m.rope.shape[0] < need_pos:
                 raise ValueError(f"model was built for {m.rope.shape[0]} positions; the engine needs {need_pos} "
                                  "(build_model(max_positions=...) >= max_seq_len + scratch)")
-        if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
-        self.ngram = options.ngram_size if draft is None else 0
-        self.gamma = options.num_speculative_tokens if draft is not None or self.ngram else 0
-        # Tree rounds emit at most tree_depth + 1 tokens, so gamma (the round's token bound) is the depth.
-        self.tree = None
-        self._reach = self.gamma
-        if options.tree and self.gamma:
-            if options.tree_top_k > target.cfg.vocab_size:
-                raise ValueError(f"tree_top_k {options.tree_top_k} exceeds the vocabulary ({target.cfg.vocab_size})")
-            self.gamma = options.tree_depth
-            self._reach = tree_reach(options) - 1
         kw = dict(
             cuda_graphs=options.cuda_graphs,
             graph_batch_sizes=options.graph_batch_sizes,
             scratch_slots=scratch_slots(options),
-            compile=options.compile,
+            compile=options.compile_on,
         )
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
         self.eos = frozenset(eos)
-        dev = self.device
-        self._chain = {n: causal_tree(n, dev) for n in {1, 2, self.gamma + 1}}
-        if options.tree and self.gamma:
-            self.tree = TreeRounds(self.target_runner, self.draft_runner, self.ngram, options.tree_depth,
-                                   options.tree_top_k, options.tree_budget)
+        self.round = Round(self.target_runner, self.draft_runner, self.ngram, shape)
+        width = options.max_seq_len + self.target_runner.scratch
+        self.state = RoundState.allocate(options.max_batch_size, width, shape, self.device)
+        self.captured = None
+        if self.target_runner.use_graphs and self.round.capturable:
+            self.captured = CapturedRound(self.round, self.state, park_at=options.max_seq_len)
+        self._batch: RowBatch | None = None
+        self.warmup_s: float | None = None
+
+    @property
+    def shape(self) -> RoundShape:
+        return self.round.shape
+
+    @property
+    def batch(self) -> RowBatch:
+        """The engine's rows: ``generate`` and the server's scheduler both drive this one loop."""
+        if self._batch is None:
+            self._batch = RowBatch(self)
+        return self._batch
+
+    def reserved_slots(self) -> int:
+        """Context positions a request needs beyond prompt + max_new_tokens (what one round writes
+        past the row's length); every caller (the engine, the server) sizes requests with this."""
+        return self.round.shape.reach
+
+    def max_new_tokens_for(self, n_prompt: int) -> int:
+        """The most tokens a prompt of ``n_prompt`` tokens may ask for in this context."""
+        return self.options.max_seq_len - n_prompt - self.reserved_slots()
 
     @classmethod
     def from_options(cls, options: EngineOptions | None = None) -> Engine:
@@ -99,14 +128,32 @@ class Engine:
         target, draft, tokenizer, options = load_engine_models(options)
         return cls(target, tokenizer, options, draft)
 
-    def warmup(self) -> None:
-        """Capture every CUDA graph the engine can use (no-op on CPU)."""
-        if not self.gamma:
-            self.target_runner.capture((1,))
+    def warmup(self, buckets: tuple[int, ...] | None = None, progress: bool = True) -> float:
+        """Compile and capture every round this configuration runs (each batch bucket), now rather than
+        on first use; returns the seconds it took (also kept in ``warmup_s``). No-op off CUDA."""
+        if self.captured is None:
+            return 0.0
+        t0 = time.perf_counter()
+        ladder = buckets or self.target_runner.ladder
+        for i, b in enumerate(ladder):
+            if progress:
+                log.info("warm-up: compiling and capturing the round for batch %d (%d/%d)", b, i + 1, len(ladder))
+            self.captured.capture(b, BatchSampling.from_params([SamplingParams()] * b, self.device))
+        torch.cuda.synchronize()
+        self.warmup_s = time.perf_counter() - t0
+        if progress:
+            log.info("warm-up done in %.1f s (%d graphs)", self.warmup_s, len(ladder))
+        return self.warmup_s
+
+    def run_round(self, b: int, bs: BatchSampling, max_len: int | None) -> None:
+        """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds
+        on CUDA, else ``Round.run`` eagerly. Reads nothing back to the host."""
+        if self.captured is not None and bs.all_greedy:
+            if b not in self.captured:
+                self.captured.capture(b, bs)
+            self.captured.replay(b)
         else:
-            self.target_runner.capture((self.gamma + 1,))
-        if self.draft_runner is not None:
-            self.draft_runner.capture((1, 2))
+            self.round.run(self.state, b, bs, max_len if self.device.type != "cuda" else None)
 
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
@@ -122,7 +169,7 @@ class Engine:
         vocab = self.target.cfg.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise RequestError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
-        need = len(prompt) + params.max_new_tokens + self._reach + 1
+        need = len(prompt) + params.max_new_tokens + self.reserved_slots()
         if need > self.options.max_seq_len:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} needs {need} positions "
@@ -168,131 +215,23 @@ class Engine:
         ]
         yield from self._run(reqs)
 
-    @torch.inference_mode()
     def _run(self, reqs: list[Request]) -> Iterator[StreamEvent]:
-        dev, B = self.device, len(reqs)
-        bs = BatchSampling.from_params([r.params for r in reqs], dev)
-        width = self.options.max_seq_len + self.target_runner.scratch
-        history = torch.zeros(B, width, dtype=torch.long, device=dev)
-        lens = [len(r.prompt) for r in reqs]
-        for i, r in enumerate(reqs):
-            history[i, : lens[i]] = torch.tensor(r.prompt, device=dev)
-        last = self._prefill(self.target_runner, history, lens)
-        if self.draft_runner is not None:
-            self._prefill(self.draft_runner, history, lens, want_logits=False)
-        next_tok = next_tokens(last, bs)
-        seq_len = torch.tensor(lens, device=dev)
-        decode = self.tokenizer.decode
-        for r, t in zip(reqs, next_tok.tolist(), strict=False):
-            ev = r.add([t], decode, count_round=False)
-            if ev:
-                yield ev
-        host_len = list(lens)
-        # On CUDA the host runs one round behind: round t+1 is launched before round t's tokens are read
-        # back, so the GPU never waits for the host's bookkeeping. A row that finished in round t runs
-        # one extra round; its writes land past its length (the scratch slots absorb them) and are
-        # never emitted. ``lag`` widens the eager attention window by the round the host has not seen.
-        lag = (self.gamma + 1) if dev.type == "cuda" else 0
-        active, n_finished, inflight = None, -1, None
-        # Two pinned host buffers, used in turn: pinned allocation per round costs more than a round.
-        pinned = [torch.empty((B, self.gamma + 2), dtype=torch.long, pin_memory=True) for _ in range(2)] if lag else []
-        rounds = 0
-        while inflight is not None or not all(r.finished for r in reqs):
-            launched = None
-            if not all(r.finished for r in reqs):
-                if n_finished != sum(r.finished for r in reqs):  # rebuild the row mask only when it changes
-                    n_finished = sum(r.finished for r in reqs)
-                    active = torch.tensor([not r.finished for r in reqs], device=dev)
-                hint = max(host_len) + lag
-                if not self.gamma:
-                    new, n_acc = self._ar_step(history, seq_len, next_tok, bs, hint)
-                    next_tok = new[:, -1]
-                else:
-                    new, n_acc = self._spec_round(history, seq_len, next_tok, bs, hint)
-                    next_tok = new.gather(1, n_acc[:, None]).squeeze(1)
-                seq_len += (n_acc + 1) * active
-                launched = self._to_host(torch.cat([new, n_acc[:, None]], 1), pinned[rounds % 2] if lag else None)
-                rounds += 1
-                if not lag:  # CPU: no lookahead, read this round back at once
-                    inflight, launched = launched, None
-            if inflight is not None:
-                rows = self._from_host(inflight)  # the one host sync of a round
-                for r, row in zip(reqs, rows, strict=True):
-                    if not r.finished:
-                        n = row[-1]
-                        host_len[r.index] += n + 1
-                        ev = r.add(row[: n + 1], decode, count_round=True)
-                        if ev:
-                            yield ev
-            inflight = launched
-
-    def _to_host(self, packed: torch.Tensor, host: torch.Tensor | None):
-        if packed.device.type != "cuda":
-            return packed, None
-        host.copy_(packed, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return host, done
-
-    @staticmethod
-    def _from_host(inflight) -> list[list[int]]:
-        host, done = inflight
-        if done is not None:
-            done.synchronize()
-        return host.tolist()
-
-    def _ar_step(self, history, seq_len, next_tok, bs, max_len):
-        anc, depth = self._chain[1]
-        history.scatter_(1, seq_len[:, None], next_tok[:, None])
-        logits = self.target_runner.step(next_tok[:, None], seq_len, anc, depth, max_len_hint=max_len)
-        new = next_tokens(logits, bs)  # [B, 1]
-        return new, torch.zeros_like(seq_len)
-
-    def _spec_round(self, history, seq_len, next_tok, bs, max_len):
-        """One chain round; returns (tokens [B, gamma + 1] = accepted drafts then bonus at n, n [B])."""
-        if self.tree is not None:
-            return self.tree.round(history, seq_len, next_tok, bs, max_len)
-        draft, qs = self._draft(history, seq_len, next_tok, bs, max_len)
-        return self._verify(history, seq_len, next_tok, draft, qs, bs, max_len)
-
-    def _draft(self, history, seq_len, next_tok, bs, max_len):
-        """gamma draft tokens [B, gamma] (and their proposal distributions when sampling)."""
-        if self.ngram:
-            draft = ngram_draft(history, seq_len, next_tok, self.ngram, self.gamma)
-            if bs.all_greedy:
-                return draft, None
-            one_hot = torch.zeros(*draft.shape, self.target.cfg.vocab_size, device=draft.device)
-            return draft, one_hot.scatter_(-1, draft[..., None], 1.0)
-        g, dr = self.gamma, self.draft_runner
-        prev = history.gather(1, (seq_len - 1)[:, None])
-        block = torch.cat([prev, next_tok[:, None]], 1)
-        logits = dr.step(block, seq_len - 1, *self._chain[2], max_len_hint=max_len)[:, -1]
-        drafts, qs = [], []
-        for i in range(g):
-            if bs.all_greedy:
-                d = logits.argmax(-1)
-            else:
-                q = probs_from_logits(logits, bs)
-                d = sample_from_probs(q, bs.generator)
-                qs.append(q)
-            drafts.append(d)
-            if i < g - 1:
-                logits = dr.step(d[:, None], seq_len + 1 + i, *self._chain[1], max_len_hint=max_len + 1 + i)[:, 0]
-        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
-
-    def _verify(self, history, seq_len, next_tok, draft, qs, bs, max_len):
-        """Target pass over [next_tok, drafts] and the acceptance rule; see ``_spec_round``."""
-        g = self.gamma
-        block = torch.cat([next_tok[:, None], draft], 1)
-        history.scatter_(1, seq_len[:, None] + torch.arange(g + 1, device=seq_len.device), block)
-        tlogits = self.target_runner.step(block, seq_len, *self._chain[g + 1], max_len_hint=max_len)
-        if bs.all_greedy:
-            n, bonus = chain_accept_greedy(draft, tlogits)
-        else:
-            n, bonus = chain_accept_sampling(draft, qs, probs_from_logits(tlogits, bs), bs.generator)
-        out = torch.cat([draft, bonus[:, None]], 1)
-        out.scatter_(1, n[:, None], bonus[:, None])  # row layout: d_1 .. d_n, bonus
-        return out, n
+        batch = self.batch
+        if batch.busy:
+            raise RequestError("the engine is serving other requests (its rows are in use)")
+        try:
+            events = batch.admit(reqs)
+            while True:
+                yield from events
+                if not batch.busy:
+                    break
+                events = batch.step()
+        finally:
+            for r in reqs:  # an abandoned stream frees its rows
+                if 0 <= r.index < batch.capacity and batch.rows[r.index] is r:
+                    batch.release(r.index)
+            if not batch.active:
+                batch.drain()
 
     def _prefill(self, runner: ModelRunner, history: torch.Tensor, lens: list[int], want_logits: bool = True):
         """Run the prompts through ``runner`` in chunks; return each request's last-position logits [B, V].
@@ -308,15 +247,15 @@ class Engine:
             seq = torch.where(lens_t > start, torch.full_like(lens_t, start), self.options.max_seq_len)
             anc, depth = causal_tree(n, dev)
             rows = (lens_t - 1 - start).clamp(0, n - 1)[:, None] if want_logits else None
-            logits = runner.step(history[:, start : start + n], seq, anc, depth, max_len_hint=start, logit_rows=rows)
+            logits = runner.step(
+                history[:, start : start + n], seq, anc, depth, max_len_hint=start, logit_rows=rows, eager=True
+            )
             if want_logits:
                 here = ((lens_t - 1 >= start) & (lens_t - 1 < start + n))[:, None]
                 out = logits[:, 0] if out is None else torch.where(here, logits[:, 0], out)
         return out
 
-    # ---- step-level API: continuous batching (engine/rows.py) ------------------------------------
-    # Thin public wrappers over the round internals, so a scheduler can admit requests into free rows,
-    # run one round for the rows in use and release rows between rounds. ``_run`` does not use them.
+    # ---- step-level API: the loop's pieces (engine/rows.py) -------------------------------------
     def new_request(self, prompt: str | list[int], params: SamplingParams, chat: bool = False) -> Request:
         """Encode and validate one request (raises ``RequestError``); its row is assigned on admission."""
         return self._make_request(-1, self.encode(prompt, chat), params)
@@ -332,19 +271,6 @@ class Engine:
         if self.draft_runner is not None:
             self._prefill(self.draft_runner, history, lens, want_logits=False)
         return last
-
-    @torch.inference_mode()
-    def round_step(self, history, seq_len, next_tok, bs: BatchSampling, max_len: int):
-        """One AR step or speculative round over rows 0..B-1 (all tensors on the device, nothing synced).
-
-        Returns (tokens [B, k] with row b's emitted tokens in ``tokens[b, : n[b] + 1]``, n [B], next_tok [B]).
-        The caller advances ``seq_len`` by ``n + 1`` for the rows it keeps; ``max_len`` >= max(seq_len).
-        """
-        if not self.gamma:
-            new, n_acc = self._ar_step(history, seq_len, next_tok, bs, max_len)
-            return new, n_acc, new[:, -1]
-        new, n_acc = self._spec_round(history, seq_len, next_tok, bs, max_len)
-        return new, n_acc, new.gather(1, n_acc[:, None]).squeeze(1)
 
     @torch.inference_mode()
     def teacher_force_logits(self, prompt_ids: list[int], generated_ids: list[int]) -> torch.Tensor:
@@ -367,6 +293,7 @@ class Engine:
                     depth,
                     max_len_hint=start,
                     logit_rows=torch.arange(n, device=dev)[None],
+                    eager=True,
                 )[0]
             )
         return torch.cat(rows)[L - 1 : L - 1 + T].float()

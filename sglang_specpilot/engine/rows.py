@@ -1,50 +1,67 @@
-"""Continuous batching at round boundaries: requests join free KV rows and leave when they finish.
+"""The one loop: requests join free KV rows, ``step()`` runs one round for every row, rows leave when done.
 
-``RowBatch`` owns the per-row state that ``Engine._run`` keeps in locals for one whole batch (token
-history, lengths, the next token, sampling tensors) and keeps it across rounds, so a scheduler can
-``admit`` new requests, run ``step`` (one AR step or speculative round for every row in use) and
-``release`` a row whenever it likes between rounds. Rows are the static KV cache's rows (pad, not pack):
-a request keeps its row from admission to release, and a released row is reused as it is, since
-nothing past a row's length is ever attended to.
+``Engine.generate`` / ``Engine.stream`` admit their requests and run ``while batch.busy: batch.step()``;
+the server's scheduler runs the same ``step()`` between admissions, so both get the same rounds, the same
+lookahead and the same shapes. Rows are the static KV cache's rows (pad, not pack): a request keeps its row
+from admission to release, and a released row is reused as it is, since nothing past a row's length is
+ever attended to.
 
-A step runs rows ``0 .. hi-1`` where ``hi`` is one past the highest row in use; free rows inside that
-range ride along with length 1 (they only write into their own, unowned row). Admission fills the
-lowest free row first to keep ``hi`` small. A lone request in row 0 runs exactly the shapes
-``Engine.generate`` runs for a batch of one, so greedy output matches it token for token.
+A step runs rows ``0 .. hi-1`` padded up to a batch bucket (the graph ladder); free rows ride along with
+length 1 and ``in_use`` False, so they only write into their own, unowned row. Admission fills the
+lowest free row first to keep ``hi`` small. A lone request in row 0 runs exactly the shapes of a batch of
+one, so greedy output does not depend on how a request arrived.
 
-Not thread-safe: one thread (the server's scheduler) drives it.
+Lookahead (CUDA): ``step()`` launches round t + 1 before it reads round t's tokens back, so the GPU never
+waits for the host's bookkeeping (streaming, stop strings). The read is the one host sync of a round,
+into a pinned buffer, and it overlaps the round just launched. A row that finished in round t therefore
+runs one extra round; its writes land past its length (the cache's scratch slots absorb them) and its
+tokens are dropped. Greedy rounds replay a CUDA graph per bucket (``round.CapturedRound``); sampled rounds
+and prompt-lookup trees run the same ``Round.run`` eagerly.
+
+Not thread-safe: one thread (the caller of ``generate``, or the server's scheduler) drives it.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from .engine import Engine
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens
 
 _IDLE = SamplingParams()  # sampling parameters of a free row (greedy: costs no sampling work)
 
 
+@dataclass
+class _Inflight:
+    rows: list[Request | None]  # row -> request when the round was launched
+    host: torch.Tensor  # [b, D + 2] (pinned on CUDA)
+    done: torch.cuda.Event | None
+    b: int
+
+
 class RowBatch:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine):
         self.engine = engine
+        self.state = engine.state
         dev, B = engine.device, engine.options.max_batch_size
-        width = engine.options.max_seq_len + engine.target_runner.scratch
-        self.history = torch.zeros(B, width, dtype=torch.long, device=dev)
-        # A free row keeps length 1: a draft step reads the token at seq_len - 1.
-        self.seq_len = torch.ones(B, dtype=torch.long, device=dev)
-        self.next_tok = torch.zeros(B, dtype=torch.long, device=dev)
-        self.host_len = [0] * B  # seq_len as the host knows it (one readback per round keeps it exact)
+        self.lookahead = dev.type == "cuda"
+        self.host_len = [0] * B  # seq_len as the host knows it (exact up to the round in flight)
         self.rows: list[Request | None] = [None] * B
         # One generator for the life of the batch: rebuilding it whenever membership changes would replay
         # the same random stream. A request with a seed reseeds it on admission (exact reproduction only
         # when that request runs alone, the same promise ``Engine.generate`` makes for a batch).
         self.generator = torch.Generator(device=dev)
         self.generator.manual_seed(torch.seed())
-        self._bs: BatchSampling | None = None
+        self._bs: dict[int, BatchSampling] = {}
+        self._inflight: _Inflight | None = None
+        # Two pinned host buffers, used in turn: pinned allocation per round costs more than a round.
+        width = engine.round.shape.depth + 2
+        self._pinned = (
+            [torch.empty((B, width), dtype=torch.long, pin_memory=True) for _ in range(2)] if self.lookahead else []
+        )
+        self._launches = 0
         self.rounds = 0  # row-rounds: one per row in use per step
         self.round_tokens = 0  # tokens those row-rounds emitted (accepted drafts + bonus)
 
@@ -61,21 +78,32 @@ class RowBatch:
     def active(self) -> int:
         return sum(r is not None for r in self.rows)
 
+    @property
+    def busy(self) -> bool:
+        """Rows in use, or a round whose tokens are still to be read."""
+        return self.active > 0 or self._inflight is not None
+
     def _hi(self) -> int:
         return max((i + 1 for i, r in enumerate(self.rows) if r is not None), default=0)
 
-    def _sampling(self, hi: int) -> BatchSampling:
-        if self._bs is None or self._bs.temperature.shape[0] != hi:
-            params = [r.params if r is not None else _IDLE for r in self.rows[:hi]]
-            self._bs = replace(BatchSampling.from_params(params, self.engine.device), generator=self.generator)
-        return self._bs
+    def _bucket(self, hi: int) -> int:
+        return next(b for b in self.engine.target_runner.ladder if b >= hi)
+
+    def _sampling(self, b: int) -> BatchSampling:
+        # Rows 0 .. b-1 (free ones greedy); built once per membership change, read by every round.
+        if b not in self._bs:
+            params = [r.params if r is not None else _IDLE for r in self.rows[:b]]
+            params += [_IDLE] * (b - len(params))
+            self._bs[b] = replace(BatchSampling.from_params(params, self.engine.device), generator=self.generator)
+        return self._bs[b]
 
     def release(self, row: int) -> Request | None:
         """Free ``row`` (finished, cancelled or failed); its KV is simply overwritten by the next owner."""
         req, self.rows[row] = self.rows[row], None
-        self.seq_len[row] = 1
+        self.state.seq_len[row] = 1
+        self.state.in_use[row] = False
         self.host_len[row] = 0
-        self._bs = None
+        self._bs.clear()
         return req
 
     # ---- admission and rounds ----------------------------------------------------------------------
@@ -90,24 +118,25 @@ class RowBatch:
             raise ValueError(f"{len(reqs)} requests but only {len(free)} free rows")
         if not reqs:
             return []
-        dev = self.engine.device
+        st, dev = self.state, self.engine.device
         for req, row in zip(reqs, free, strict=False):
             req.index = row
             self.rows[row] = req
-            self.history[row].zero_()  # drafts read past the length; keep them independent of the last owner
-            self.history[row, : len(req.prompt)] = torch.tensor(req.prompt, device=dev)
+            st.history[row].zero_()  # drafts read past the length; keep them independent of the last owner
+            st.history[row, : len(req.prompt)] = torch.tensor(req.prompt, device=dev)
             if req.params.seed is not None:
                 self.generator.manual_seed(req.params.seed)
-        self._bs = None
+        self._bs.clear()
         hi = self._hi()
         lens = [0] * hi
         for req in reqs:
             lens[req.index] = len(req.prompt)
-        last = self.engine.prefill_rows(self.history[:hi], lens)
+        last = self.engine.prefill_rows(st.history[:hi], lens)
         first = next_tokens(last, self._sampling(hi))
         rows = torch.tensor([r.index for r in reqs], device=dev)
-        self.next_tok[rows] = first[rows]
-        self.seq_len[rows] = torch.tensor([len(r.prompt) for r in reqs], device=dev)
+        st.next_tok[rows] = first[rows]
+        st.seq_len[rows] = torch.tensor([len(r.prompt) for r in reqs], device=dev)
+        st.in_use[rows] = True
         first_host = first[rows].tolist()
         events = []
         for req, tok in zip(reqs, first_host, strict=True):
@@ -117,20 +146,47 @@ class RowBatch:
 
     @torch.inference_mode()
     def step(self) -> list[StreamEvent]:
-        """One round for every row in use; finished rows are released before this returns."""
-        hi = self._hi()
-        if hi == 0:
-            return []
-        in_use = torch.tensor([r is not None for r in self.rows[:hi]], device=self.engine.device)
-        new, n, nxt = self.engine.round_step(
-            self.history[:hi], self.seq_len[:hi], self.next_tok[:hi], self._sampling(hi), max(self.host_len[:hi])
-        )
-        self.seq_len[:hi] += (n + 1) * in_use
-        self.next_tok[:hi] = nxt
-        packed = torch.cat([new, n[:, None]], 1).tolist()  # the one host sync of a round
+        """Launch the next round (if any row is in use), then emit the tokens of the round before it.
+
+        Without lookahead (CPU) the round just launched is read back at once. Finished rows are released
+        before this returns.
+        """
+        launched = self._launch() if self.active else None
+        if not self.lookahead:
+            self._inflight, launched = launched, None
+        events = self._collect() if self._inflight is not None else []
+        self._inflight = launched
+        return events
+
+    def _launch(self) -> _Inflight:
+        eng, st = self.engine, self.state
+        b = self._bucket(self._hi())
+        bs = self._sampling(b)
+        # The host knows each row's length up to the round in flight, which may add max_emitted more.
+        lag = eng.round.shape.max_emitted if self._inflight is not None else 0
+        max_len = max(self.host_len[:b]) + lag
+        eng.run_round(b, bs, max_len)
+        if self.lookahead:
+            host = self._pinned[self._launches % 2][:b]
+            host.copy_(st.out[:b], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            host, done = st.out[:b].clone(), None
+        self._launches += 1
+        return _Inflight(list(self.rows[:b]) + [None] * (b - len(self.rows[:b])), host, done, b)
+
+    def _collect(self) -> list[StreamEvent]:
+        inflight = self._inflight
+        self._inflight = None
+        if inflight.done is not None:
+            inflight.done.synchronize()  # the one host sync of a round
+        packed = inflight.host.tolist()
         events = []
-        for row, req in enumerate(self.rows[:hi]):
-            if req is None:
+        for row, req in enumerate(inflight.rows):
+            # Rows released (or re-admitted) since the launch, and rows that finished in the round before,
+            # ran a round whose tokens belong to no one.
+            if req is None or req.finished or self.rows[row] is not req:
                 continue
             k = packed[row][-1] + 1
             self.host_len[row] += k
@@ -138,6 +194,10 @@ class RowBatch:
             self.round_tokens += k
             events += self._emit(req, packed[row][:k], count_round=True)
         return events
+
+    def drain(self) -> list[StreamEvent]:
+        """Read back the round in flight, if any (nothing new is launched)."""
+        return self._collect() if self._inflight is not None else []
 
     def _emit(self, req: Request, ids: list[int], count_round: bool) -> list[StreamEvent]:
         ev = req.add(ids, self.engine.tokenizer.decode, count_round=count_round)

@@ -95,6 +95,8 @@ class ModelRunner:
                 torch._dynamo.config.accumulated_cache_size_limit, 512)
             self._layer_fn = torch.compile(run_block, fullgraph=True, dynamic=False)
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        # Rounds (engine/round.py) attend with the fused kernel wherever it runs natively.
+        self.round_fused = self.fused_attention and self.device.type == "cuda"
 
     def _forward(
         self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False
@@ -135,19 +137,43 @@ class ModelRunner:
         *,
         max_len_hint: int | None = None,
         logit_rows: torch.Tensor | None = None,
+        eager: bool = False,
     ) -> torch.Tensor:
         """Write the new tokens' K/V and return their logits [B, N, V] (or [B, R, V] with logit_rows).
 
         ``max_len_hint`` (host int >= max(seq_len)) lets eager runs attend over fewer cache slots.
+        ``eager`` (prefill, teacher forcing) never uses or captures a graph: a graph per prompt length
+        would compile and capture anew for every new prompt.
         """
         B, N = tokens.shape
-        if self.use_graphs and logit_rows is None and anc.dim() == 2:
+        if self.use_graphs and not eager and logit_rows is None and anc.dim() == 2:
             bucket = next(b for b in self.ladder if b >= B)
             return self._graph(bucket, N)(tokens, seq_len, anc, depth)
         kv_len = self.max_seq
         if max_len_hint is not None:
             kv_len = min(self.max_seq, _round_up(max_len_hint + N, 64))
         return self._forward(tokens, seq_len, anc, depth, kv_len, logit_rows)
+
+    def forward(self, tokens, positions, slots, seq_len, anc, kv_len: int | None = None) -> torch.Tensor:
+        """One step of a speculative round (capturable: no host sync, shapes fixed by the round).
+
+        tokens, positions, slots : [B, Nq]; seq_len : [B] prefix length; anc : [Nq, W] or [B, Nq, W] bool,
+        query i sees every prefix slot and window slot ``seq_len + t`` where ``anc[(b,) i, t]`` (the
+        step's own tokens sit inside that window at ``slots``). On CUDA the fused kernel reads only the
+        live slots and the blocks run compiled; elsewhere SDPA with a dense mask over ``kv_len`` slots
+        (default: the whole cache). Returns logits [B, Nq, V].
+        """
+        if self.round_fused:
+            return self.model(tokens, positions, slots, None, self.kv.layers, None, self._layer_fn, seq_len, anc)
+        B, Nq = tokens.shape
+        W = anc.shape[-1]
+        # Compiled blocks see the whole cache: a mask narrowed to the live length would change shape, and
+        # so recompile, every 64 tokens.
+        if kv_len is None or self._layer_fn is not None:
+            kv_len = self.kv.max_seq
+        kv_len = min(self.kv.max_seq, _round_up(kv_len, 64))
+        mask = window_mask(seq_len, anc.expand(B, Nq, W), kv_len, self.group)
+        return self.model(tokens, positions, slots, mask, self.kv.layers, None, self._layer_fn)
 
     @torch.inference_mode()
     def step_window(

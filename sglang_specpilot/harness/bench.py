@@ -39,6 +39,7 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.suites.colocate",
     "sglang_specpilot.suites.foundation",
     "sglang_specpilot.suites.noise",
+    "sglang_specpilot.suites.rounds",
     "sglang_specpilot.suites.trees",
     "sglang_specpilot.suites.w12_bits",
     "sglang_specpilot.suites.w12_gemm",

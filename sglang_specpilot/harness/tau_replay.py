@@ -53,7 +53,9 @@ class _DraftReplay:
         if t not in self._lattices:
             seq_len = torch.tensor([self.L + t - 1], device=self.dev)
             next_tok = self.history[:, self.L + t - 1]
-            lat, _ = expand_lattice(self.runner, self.history, seq_len, next_tok, self.depth, self.top_k, self.L + t)
+            lat, _, _ = expand_lattice(
+                self.runner, self.history, seq_len, next_tok, self.depth, self.top_k, kv_len=self.L + t + self.E
+            )
             # The expansion overwrote draft K/V past the root; rewrite the true tokens' K/V there.
             start = self.L + t
             x = self.history[:, start : start + self.E]

@@ -1,0 +1,248 @@
+"""One speculative round, for every configuration: draft a tree, verify it, accept a path, commit it.
+
+A round has a fixed shape per configuration ``RoundShape(budget N, depth D, top_k K)``: a chain is
+K = 1, N = D, and AR decoding is D = 0 (no draft, a verify block of one token). Per request, with
+``seq_len`` tokens in the target cache and ``next_tok`` the last emitted token (in no cache yet):
+
+    draft    model: the lattice, one draft forward per depth (``draft_tree.expand_lattice``), then the
+             best-first tree of N nodes as tensor ops (``tree_verify.best_first``; a chain needs no
+             selection); prompt lookup: ``ngram_draft`` (chain) or ``ngram_tree`` (host-side trie)
+    verify   [next_tok, nodes] at slots seq_len .. seq_len + N, positions seq_len + depth, each node
+             seeing the prefix and its ancestors (a shared causal mask for chains, per-row ancestor
+             masks for trees) -> N + 1 target rows
+    accept   greedy: the longest path matching the target's argmax + the bonus; sampling: the chain rule
+             (drafts drawn from q) or recursive rejection down the tree (deterministic drafts)
+    commit   the accepted path's K/V packed after the prefix in both caches (nothing moves for chains),
+             its tokens into ``history``; ``seq_len += n + 1`` and ``next_tok = bonus`` for rows in use
+
+Everything is tensor work on the device with shapes fixed by (batch bucket, shape): no host reads, so
+``CapturedRound`` records the whole round (every draft forward, the selection, the verify pass, the
+acceptance and the commits) as one CUDA graph per batch bucket. The only host read of a round is the
+packed result ``state.out`` (tokens, then n in the last column), which the caller copies out
+asynchronously (see rows.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tree_verify import accept_greedy_batched, accept_sampling_batched, ancestor_mask, best_first
+
+from .attn_meta import causal_tree
+from .draft_tree import commit_draft, expand_lattice
+from .ngram import ngram_draft
+from .ngram_tree import ngram_tree
+from .runner import ModelRunner
+from .sampling import BatchSampling, next_tokens, probs_from_logits, sample_from_probs
+from .spec import accepted_length, chain_accept_sampling
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """Budget N (verified nodes), depth D and top-k K of a round; D = 0 is an AR step."""
+
+    budget: int
+    depth: int
+    top_k: int
+
+    @property
+    def chain(self) -> bool:
+        return self.top_k == 1
+
+    @property
+    def expansions(self) -> int:
+        """Draft forwards' nodes in one round: the root, then top_k frontier nodes per depth 1..D-1."""
+        return 1 + (self.depth - 1) * self.top_k if self.depth else 0
+
+    @property
+    def reach(self) -> int:
+        """Cache slots past a row's length that one round writes (verify block or draft expansions)."""
+        return max(self.budget, self.expansions) + 1
+
+    @property
+    def max_emitted(self) -> int:
+        return self.depth + 1
+
+
+@dataclass
+class RoundState:
+    """The static device buffers a round reads and writes, one row per KV-cache row.
+
+    history : [R, W] int64, each row's tokens (prompt, then emitted; past its length: stale)
+    seq_len : [R] int64, tokens in the target cache; next_tok : [R] int64, the last emitted token
+    in_use : [R] bool, rows whose request is live (others ride along and advance nothing)
+    out : [R, D + 2] int64, the round's result per row: emitted tokens at ``out[:, : n + 1]``, n at -1
+    """
+
+    history: torch.Tensor
+    seq_len: torch.Tensor
+    next_tok: torch.Tensor
+    in_use: torch.Tensor
+    out: torch.Tensor
+
+    @classmethod
+    def allocate(cls, rows: int, width: int, shape: RoundShape, device) -> RoundState:
+        return cls(
+            history=torch.zeros(rows, width, dtype=torch.long, device=device),
+            # A free row keeps length 1: a draft step reads the token at seq_len - 1.
+            seq_len=torch.ones(rows, dtype=torch.long, device=device),
+            next_tok=torch.zeros(rows, dtype=torch.long, device=device),
+            in_use=torch.zeros(rows, dtype=torch.bool, device=device),
+            out=torch.zeros(rows, shape.depth + 2, dtype=torch.long, device=device),
+        )
+
+
+class Round:
+    """The round of one configuration over rows ``0 .. b-1`` of a ``RoundState``."""
+
+    def __init__(self, target: ModelRunner, draft: ModelRunner | None, ngram: int, shape: RoundShape):
+        if shape.depth and draft is None and not ngram:
+            raise ValueError("speculative rounds need a drafter: a draft model or prompt lookup (ngram_size > 0)")
+        self.target, self.draft, self.ngram, self.shape = target, draft, ngram, shape
+        dev = target.device
+        n = shape.budget + 1 if shape.depth else 1
+        self._chain_anc, self._chain_depth = causal_tree(n, dev)
+        self._block_slots = torch.arange(n, device=dev)
+        self._path = torch.arange(shape.depth + 1, device=dev)
+
+    @property
+    def capturable(self) -> bool:
+        """Whether the round is pure device work (prompt-lookup trees build their trie on the host)."""
+        return not (self.shape.depth and self.draft is None and not self.shape.chain)
+
+    # ---- draft ------------------------------------------------------------------------------------
+    def _draft(self, hist, seq, nxt, bs: BatchSampling, kv_len):
+        """-> (tokens [B, N], parents [B, N] or None for a chain, accept tokens, commit info, q or None)."""
+        D, K, N = self.shape.depth, self.shape.top_k, self.shape.budget
+        if self.draft is None:
+            if self.shape.chain:
+                return ngram_draft(hist, seq, nxt, self.ngram, D), None, None, None, None
+            tree, valid = ngram_tree(hist, seq, nxt, self.ngram, D, K, N)
+            return tree.tokens, tree.parents, torch.where(valid, tree.tokens, -1), None, None
+        sample = None
+        if self.shape.chain and not bs.all_greedy:
+
+            def sample(logits):
+                q = probs_from_logits(logits, bs)
+                return q, sample_from_probs(q, bs.generator)
+
+        lattice, expanded_by, qs = expand_lattice(self.draft, hist, seq, nxt, D, K, kv_len, sample)
+        if self.shape.chain:  # the lattice of a chain is the chain: candidate i is draft token i + 1
+            return lattice.tokens[:, :, 0], None, None, None, qs
+        tree = best_first(lattice, N)
+        return tree.tokens, tree.parents, tree.tokens, (tree.candidates, expanded_by), None
+
+    # ---- the round --------------------------------------------------------------------------------
+    def run(self, st: RoundState, b: int, bs: BatchSampling, max_len: int | None = None) -> None:
+        """Run one round for rows ``0 .. b-1``; results land in ``st.out[:b]`` (see ``RoundState``).
+
+        ``max_len`` (host int >= max(seq_len), or None) narrows dense-mask attention on the CPU.
+        """
+        hist, seq, nxt, use = st.history[:b], st.seq_len[:b], st.next_tok[:b], st.in_use[:b]
+        D = self.shape.depth
+        kv_len = None if max_len is None else max_len + self.shape.reach + 1
+        if not D:
+            hist.scatter_(1, seq[:, None], nxt[:, None])
+            pos = seq[:, None]
+            logits = self.target.forward(nxt[:, None], pos, pos, seq, self._chain_anc, kv_len)[:, 0]
+            bonus = next_tokens(logits, bs)
+            n = torch.zeros_like(seq)
+            st.out[:b, 0] = bonus
+        else:
+            bonus, n = self._spec(hist, seq, nxt, bs, kv_len, st.out[:b])
+        st.out[:b, -1] = n
+        seq += (n + 1) * use
+        nxt.copy_(torch.where(use, bonus, nxt))
+
+    def _spec(self, hist, seq, nxt, bs: BatchSampling, kv_len, out):
+        B = seq.shape[0]
+        D = self.shape.depth
+        tokens, parents, accept_tokens, commit, qs = self._draft(hist, seq, nxt, bs, kv_len)
+        block = torch.cat([nxt[:, None], tokens], 1)  # [B, N + 1]
+        slots = seq[:, None] + self._block_slots
+        if parents is None:
+            anc, depth = self._chain_anc, self._chain_depth
+        else:
+            anc = ancestor_mask(parents)
+            depth = torch.cat([torch.zeros_like(parents[:, :1]), anc[:, 1:].sum(-1) - 1], 1)
+        logits = self.target.forward(block, seq[:, None] + depth, slots, seq, anc, kv_len)
+        if parents is None:  # chain: the accepted nodes are a prefix, nothing moves
+            if bs.all_greedy:
+                target = logits.argmax(-1)
+                n = accepted_length(target[:, :-1] == tokens)
+                bonus = target.gather(1, n[:, None])[:, 0]
+            elif qs is not None:
+                n, bonus = chain_accept_sampling(tokens, qs, probs_from_logits(logits, bs), bs.generator)
+            else:  # prompt lookup under sampling: a one-hot proposal, the deterministic rule
+                res = accept_sampling_batched(
+                    self._chain_parents(B), tokens, probs_from_logits(logits, bs), bs.generator, 1, D
+                )
+                n, bonus = res.accept_length, res.bonus
+            accepted = block[:, : D + 1]
+        else:
+            if bs.all_greedy:
+                res = accept_greedy_batched(parents, accept_tokens, logits.argmax(-1))
+            else:
+                res = accept_sampling_batched(
+                    parents, accept_tokens, probs_from_logits(logits, bs), bs.generator, self.shape.top_k, D
+                )
+            n, bonus = res.accept_length, res.bonus
+            # Path of D + 1 entries, padded by repeating the last accepted one (lands past the new end).
+            path = torch.where(res.path < 0, res.last[:, None], res.path)[:, : D + 1]
+            if path.shape[1] < D + 1:
+                path = torch.cat([path, path[:, -1:].expand(B, D + 1 - path.shape[1])], 1)
+            self.target.kv.commit(seq, path)
+            if commit is not None:
+                commit_draft(self.draft, seq, commit[0], commit[1], path)
+            accepted = block.gather(1, path)  # [B, D + 1]: root, a_1 .. a_n, repeats
+        hist.scatter_(1, seq[:, None] + self._path, accepted)
+        out[:, :D] = accepted[:, 1:]
+        out[:, D] = bonus
+        out.scatter_(1, n[:, None], bonus[:, None])  # row layout: a_1 .. a_n, bonus
+        return bonus, n
+
+    def _chain_parents(self, B: int) -> torch.Tensor:
+        return (self._block_slots[: self.shape.budget] - 1).expand(B, self.shape.budget)
+
+
+class CapturedRound:
+    """``Round.run`` recorded as one CUDA graph per batch bucket (greedy rounds).
+
+    Capture first runs the round twice on the side (compiling every step it takes), with the bucket's
+    rows parked in the cache's scratch slots past ``max_seq`` and marked unused, so the warm-up writes
+    into no request's slots and advances nothing; the rows' state is restored afterwards.
+    """
+
+    def __init__(self, rnd: Round, st: RoundState, park_at: int, pool=None):
+        self.round, self.state, self.park_at = rnd, st, park_at
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+
+    def __contains__(self, b: int) -> bool:
+        return b in self._graphs
+
+    @torch.inference_mode()
+    def capture(self, b: int, bs: BatchSampling) -> None:
+        if b in self._graphs:
+            return
+        st = self.state
+        saved = [t[:b].clone() for t in (st.seq_len, st.next_tok, st.in_use)]
+        st.seq_len[:b] = self.park_at
+        st.in_use[:b] = False
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.round.run(st, b, bs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self.round.run(st, b, bs)
+        for t, v in zip((st.seq_len, st.next_tok, st.in_use), saved, strict=True):
+            t[:b].copy_(v)
+        self._graphs[b] = graph
+
+    def replay(self, b: int) -> None:
+        self._graphs[b].replay()

@@ -1,0 +1,248 @@
+"""Rounds suite (one GPU): what the one captured round loop delivers, with the engine's default options.
+
+Parts:
+- ``real``: the real SmolLM2-135M-Instruct (``--model`` GGUF/folder; default the embedded one) at batch 1,
+  greedy, 128 tokens, chat template, on HumanEval/100-131 (never trained on): AR, prompt lookup, the
+  shipped drafter as a chain and as a 32-node tree (depth 6, top-k 8), timed interleaved prompt by
+  prompt in one process. Each spec system's text is checked against AR's (mismatches are explained by
+  the AR logit margin at the first differing token: a near-tie or not). Then 10 new prompts of distinct
+  lengths, each generated twice: first-run / repeat time and the number of dynamo graphs compiled
+  after warm-up (must be 0).
+- ``llama8b``: Llama-3.1-8B with a Llama-3.2-1B-shaped drafter (both synthetic weights, timing only) at
+  1,024 cached tokens, batch 1: the captured AR round against the weight-byte floor at the bandwidth
+  measured in the same run, the verify pass at 64 rows over 1 row, and the tree round (N 32, D 6, K 8)
+  over the chain round (gamma 6), replaying the engines' own CUDA graphs.
+- ``attention``: decode/verify attention against the K/V byte floor (``benchmarks/attention_bench.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from ..harness.bench import register_suite
+from .common import cuda_times_ms, median, weight_bytes_per_step
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parts", default="llama8b,attention,real")
+    p.add_argument("--model", default=None, help="SmolLM2 GGUF or folder (default: the embedded one)")
+    p.add_argument("--draft", default=None, help="drafter folder (default: the shipped SmolLM2 drafter)")
+    p.add_argument("--prompts", default="100-131", help="HumanEval problem range")
+    p.add_argument("--fresh-prompts", default="132-141", help="HumanEval range for the first/repeat check")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--iters", type=int, default=50)
+
+
+def _dynamo_graphs() -> int:
+    import torch._dynamo.utils as dutils
+
+    return int(dutils.counters["stats"].get("unique_graphs", 0))
+
+
+def _real(args, out) -> None:
+    from ..config import EngineOptions
+    from ..drafters import default_drafter_path
+    from ..engine import Engine, SamplingParams
+    from ..engine.loading import load_engine_models
+    from .common import humaneval_prompts
+
+    draft = args.draft or str(default_drafter_path())
+    base = EngineOptions(model=args.model, draft=draft, max_batch_size=1, max_seq_len=2048)
+    target, drafter, tok, base = load_engine_models(base)
+    opts = {k: v for k, v in base.__dict__.items() if k not in ("draft", "ngram_size")}
+    ar_opts = EngineOptions(**{**opts, "draft": None})
+    systems = {
+        "ar": Engine(target, tok, ar_opts),
+        "lookup": Engine(target, tok, EngineOptions(**{**opts, "draft": None, "ngram_size": 3})),
+        "chain": Engine(target, tok, EngineOptions(**{**opts, "num_speculative_tokens": args.gamma}), drafter),
+        "tree32": Engine(
+            target, tok, EngineOptions(**{**opts, "tree_budget": 32, "tree_depth": 6, "tree_top_k": 8}), drafter
+        ),
+    }
+    for name, eng in systems.items():
+        eng.warmup()
+        out["rows"].append({"case": f"smollm2.{name}.warmup", "warmup_s": eng.warmup_s})
+    lo, hi = (int(x) for x in args.prompts.split("-"))
+    ids = [systems["ar"].encode(p, chat=True) for p in humaneval_prompts(range(lo, hi + 1))]
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    for eng in systems.values():  # first use of every path outside the timing (allocator, pinned buffers)
+        eng.generate([ids[0]], SamplingParams(max_new_tokens=16))
+    res: dict[str, list] = {n: [] for n in systems}
+    names = list(systems)
+    for i, p in enumerate(ids):
+        # Interleaved, with the order rotated per prompt so no system always runs first.
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            eng = systems[name]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            r = eng.generate([p], params)[0]
+            dt = time.perf_counter() - t0
+            res[name].append((r, dt))
+    ar = res["ar"]
+    for name, rs in res.items():
+        tok_s = [len(r.token_ids) / dt for r, dt in rs]
+        row = {"case": f"smollm2.{name}.bs1", "tokens_per_s": tok_s, "mean_accepted": [r.mean_accepted for r, _ in rs]}
+        if name != "ar":
+            ratios = [a_dt / dt for (_, dt), (_, a_dt) in zip(rs, ar, strict=True)]
+            row["speedup_vs_ar"] = ratios
+            mism, margins = 0, []
+            for (r, _), (a, _), p in zip(rs, ar, ids, strict=True):
+                if r.token_ids != a.token_ids:
+                    mism += 1
+                    t = next(
+                        (j for j, (u, v) in enumerate(zip(r.token_ids, a.token_ids, strict=False)) if u != v),
+                        min(len(r.token_ids), len(a.token_ids)),
+                    )
+                    top2 = systems["ar"].teacher_force_logits(p, a.token_ids)[t].topk(2).values
+                    margins.append(float(top2[0] - top2[1]))
+            row["mismatched_prompts_vs_ar"] = mism
+            row["first_mismatch_ar_margins"] = margins
+            out["metrics"][f"smollm2_{name}_speedup_vs_ar_bs1"] = round(median(ratios), 3)
+            out["metrics"][f"smollm2_{name}_mean_accepted"] = round(median(row["mean_accepted"]), 3)
+        out["rows"].append(row)
+        out["metrics"][f"smollm2_{name}_tok_s_bs1"] = round(median(tok_s), 1)
+
+    # First generation of a new prompt against its repeat: recompiles or captures would show here.
+    lo, hi = (int(x) for x in args.fresh_prompts.split("-"))
+    fresh = [systems["ar"].encode(p, chat=True) for p in humaneval_prompts(range(lo, hi + 1))]
+    graphs_before = _dynamo_graphs()
+    ratios = []
+    for name in ("ar", "chain", "tree32"):
+        eng = systems[name]
+        for p in fresh:
+            times = []
+            for _ in range(2):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                eng.generate([p], params)
+                times.append(time.perf_counter() - t0)
+            ratios.append(times[0] / times[1])
+            out["rows"].append({"case": f"smollm2.{name}.first_repeat", "prompt_tokens": len(p), "s": times})
+    out["metrics"]["smollm2_first_over_repeat"] = round(max(ratios), 3)
+    out["metrics"]["smollm2_first_over_repeat_median"] = round(median(ratios), 3)
+    out["metrics"]["smollm2_dynamo_graphs_after_warmup"] = _dynamo_graphs() - graphs_before
+
+
+def _round_ms(eng, iters: int, context: int) -> list[float]:
+    """Replay the engine's captured round for one row parked at ``context`` cached tokens."""
+    from ..engine.sampling import BatchSampling, SamplingParams
+
+    st = eng.state
+    g = torch.Generator(device="cuda").manual_seed(0)
+    st.history[0, : context + 1] = torch.randint(0, eng.target.cfg.vocab_size, (context + 1,), device="cuda",
+                                                 generator=g)
+    st.seq_len[0] = context
+    st.in_use[0] = False  # the round does its full work but advances nothing, so every replay is alike
+    bs = BatchSampling.from_params([SamplingParams()], "cuda")
+    return cuda_times_ms(lambda: eng.run_round(1, bs, None), iters)
+
+
+def _llama8b(args, out) -> None:
+    from tree_verify import ancestor_mask
+
+    from ..config import EngineOptions
+    from ..engine import Engine
+    from ..engine.engine import scratch_slots
+    from ..models.build import build_model
+    from ..models.presets import preset_config
+
+    peaks = out.get("peaks") or {}
+    bw = peaks.get("hbm_TBps")
+    opts = EngineOptions(max_batch_size=1, max_seq_len=args.context + 512, graph_batch_sizes=(1,))
+    n_pos = opts.resolved(10**6).max_seq_len + scratch_slots(EngineOptions(tree_budget=32, tree_depth=6, tree_top_k=8))
+    target = build_model(preset_config("llama-3.1-8b"), device="cuda", dtype=torch.bfloat16, synthetic_seed=0,
+                         max_positions=n_pos)
+    draft = build_model(preset_config("llama-3.2-1b"), device="cuda", dtype=torch.bfloat16, synthetic_seed=1,
+                        max_positions=n_pos)
+
+    class _Tok:
+        eos_token_ids: list = []
+
+        def decode(self, ids):
+            return ""
+
+    base = opts.__dict__
+    ar = Engine(target, _Tok(), EngineOptions(**base))
+    ar.warmup(progress=False)
+    ms = _round_ms(ar, args.iters, args.context)
+    floor_ms = weight_bytes_per_step(target) / (bw * 1e12) * 1e3
+    out["rows"].append({"case": "llama8b.ar_round.bs1", "weights": "synthetic", "context": args.context,
+                        "round_ms": ms, "floor_ms": floor_ms, "warmup_s": ar.warmup_s})
+    out["metrics"]["llama8b_ar_step_ms_bs1"] = round(median(ms), 3)
+    out["metrics"]["llama8b_ar_step_over_floor_bs1"] = round(median(ms) / floor_ms, 3)
+
+    # Verify pass at 1 and 64 rows (a random tree), the target's compiled blocks + fused attention.
+    runner = ar.target_runner
+    seq = torch.tensor([args.context], device="cuda")
+    g = torch.Generator().manual_seed(0)
+    times = {}
+    for n in (1, 64):
+        parents = torch.tensor([int(torch.randint(0, i, (), generator=g)) - 1 for i in range(1, n)]).long()
+        anc = ancestor_mask(parents).cuda()
+        depth = anc.sum(-1) - 1
+        toks = torch.randint(0, 1000, (1, n), device="cuda")
+        pos, slots = seq[:, None] + depth, seq[:, None] + torch.arange(n, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode():
+            for _ in range(2):
+                runner.forward(toks, pos, slots, seq, anc[None])
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph):
+                runner.forward(toks, pos, slots, seq, anc[None])
+        times[n] = cuda_times_ms(graph.replay, args.iters)
+        out["rows"].append({"case": "llama8b.verify", "weights": "synthetic", "rows": n, "context": args.context,
+                            "step_ms": times[n]})
+    out["metrics"]["llama8b_verify64_over_verify1"] = round(median(times[64]) / median(times[1]), 3)
+    del ar
+
+    chain = Engine(target, _Tok(), EngineOptions(**{**base, "num_speculative_tokens": 6}), draft)
+    chain.warmup(progress=False)
+    c_ms = _round_ms(chain, args.iters, args.context)
+    del chain
+    tree = Engine(target, _Tok(), EngineOptions(**{**base, "tree_budget": 32, "tree_depth": 6, "tree_top_k": 8}),
+                  draft)
+    tree.warmup(progress=False)
+    t_ms = _round_ms(tree, args.iters, args.context)
+    out["rows"].append({"case": "llama8b_1b.rounds", "weights": "synthetic", "context": args.context,
+                        "chain6_round_ms": c_ms, "tree32_round_ms": t_ms, "tree_warmup_s": tree.warmup_s})
+    out["metrics"]["llama8b_chain6_round_ms"] = round(median(c_ms), 3)
+    out["metrics"]["llama8b_tree32_round_ms"] = round(median(t_ms), 3)
+    out["metrics"]["llama8b_tree_round_over_chain_round"] = round(median(t_ms) / median(c_ms), 3)
+
+
+def _attention(args, out) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_bench.py"
+    if not path.exists():
+        out["rows"].append({"case": "attention", "skipped": "benchmarks/attention_bench.py is missing"})
+        return
+    spec = importlib.util.spec_from_file_location("attention_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.measure_attention("cuda")
+    out["rows"].append({"case": "attention", **{k: v for k, v in res.items() if k != "metrics"}})
+    out["metrics"].update(res.get("metrics", {}))
+
+
+@register_suite("rounds", add_args=_args)
+def rounds(args: argparse.Namespace) -> dict:
+    """The captured round loop: SmolLM2 AR/chain/tree tokens/s, 8B step over floor, attention over floor."""
+    if not torch.cuda.is_available():
+        raise SystemExit("the rounds suite needs a CUDA GPU")
+    from ..harness.roofline import measure_peaks
+
+    out: dict = {"metrics": {}, "rows": [], "peaks": measure_peaks("cuda").to_dict()}
+    parts = args.parts.split(",")
+    for part in parts:
+        t0 = time.perf_counter()
+        {"real": _real, "llama8b": _llama8b, "attention": _attention}[part](args, out)
+        out["rows"].append({"case": f"part.{part}", "wall_s": time.perf_counter() - t0})
+        torch.cuda.empty_cache()
+    return out

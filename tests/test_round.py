@@ -1,0 +1,129 @@
+"""The one round loop: shapes, reservation, recompiles, and captured rounds against eager ones."""
+
+import functools
+
+import pytest
+import torch
+from helpers import WordTokenizer, prompts, tiny_model
+
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.round import RoundShape
+
+SHAPES = {
+    "ar": {},
+    "chain": {"num_speculative_tokens": 4},
+    "tree": {"tree_budget": 12, "tree_depth": 4, "tree_top_k": 3},
+}
+
+
+def _engine(target, draft, kind, device="cpu", **kw):
+    opts = EngineOptions(
+        device=device,
+        dtype=kw.pop("dtype", "float32"),
+        max_seq_len=kw.pop("max_seq_len", 256),
+        max_batch_size=kw.pop("max_batch_size", 8),
+        graph_batch_sizes=(1, 2, 4, 8),
+        **SHAPES[kind],
+        **kw,
+    )
+    return Engine(target, WordTokenizer(), opts, draft if kind != "ar" else None)
+
+
+def test_round_shapes():
+    assert RoundShape(0, 0, 1).reach == 1 and RoundShape(0, 0, 1).max_emitted == 1
+    chain = RoundShape(4, 4, 1)
+    assert chain.chain and chain.expansions == 4 and chain.reach == 5
+    tree = RoundShape(32, 6, 8)
+    assert not tree.chain and tree.expansions == 41 and tree.reach == 42 and tree.max_emitted == 7
+
+
+@pytest.mark.parametrize("kind", ["ar", "chain", "tree"])
+def test_reservation_is_one_rule(kind):
+    # The engine refuses exactly what its max_new_tokens_for allows one past; the server sizes default
+    # max_tokens with the same method (server/prompts.py), so tree options never refuse a chat request.
+    target = tiny_model()
+    eng = _engine(target, target.truncated(1), kind)
+    n_prompt = 20
+    left = eng.max_new_tokens_for(n_prompt)
+    assert left == eng.options.max_seq_len - n_prompt - eng.shape.reach
+    eng.new_request(list(range(1, n_prompt + 1)), SamplingParams(max_new_tokens=left))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        eng.new_request(list(range(1, n_prompt + 1)), SamplingParams(max_new_tokens=left + 1))
+
+
+def test_generate_runs_the_engine_loop_and_frees_rows():
+    target = tiny_model()
+    eng = _engine(target, target.truncated(1), "tree")
+    ps = prompts([5, 9, 3], target.cfg.vocab_size, seed=3)
+    out = eng.generate(ps, SamplingParams(max_new_tokens=7, ignore_eos=True))
+    assert [len(r.token_ids) for r in out] == [7, 7, 7]
+    assert not eng.batch.busy and eng.batch.free_rows == list(range(8))
+    # An abandoned stream frees its rows too.
+    it = eng.stream(ps, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    next(it)
+    it.close()
+    assert eng.batch.active == 0
+
+
+@pytest.mark.parametrize("kind", ["ar", "chain", "tree"])
+def test_no_recompiles_across_prompt_lengths(kind, monkeypatch):
+    # Compiled blocks must see fixed shapes after the first rounds: new prompt lengths, batch
+    # compositions and sampling parameters change no shape. dynamo's "eager" backend keeps the test
+    # fast (it traces and guards like inductor, without generating code).
+    import torch._dynamo.utils as dutils
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", functools.partial(real, backend="eager"))
+    torch._dynamo.reset()
+    target = tiny_model()
+    eng = _engine(target, target.truncated(1), kind, compile=True, max_batch_size=4)
+    assert eng.target_runner._layer_fn is not None
+    V = target.cfg.vocab_size
+    greedy = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    for n in (1, 2, 4):  # every bucket of the ladder once (what Engine.warmup captures on CUDA)
+        eng.generate(prompts([7] * n, V, seed=0), greedy)
+    before = dict(dutils.counters["stats"])
+    lengths = [3, 11, 17, 25, 33, 41, 58, 64, 77, 90]
+    for i, n in enumerate(lengths):
+        eng.generate(prompts([n], V, seed=i), greedy)
+    mixed = [greedy, SamplingParams(max_new_tokens=6, temperature=0.7, top_p=0.9, seed=1), greedy]
+    eng.generate(prompts([13, 29, 6], V, seed=5), mixed)
+    after = dict(dutils.counters["stats"])
+    assert after.get("unique_graphs", 0) == before.get("unique_graphs", 0), (before, after)
+
+
+# ---- GPU: captured rounds ------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ar", "chain", "tree"])
+def test_captured_round_equals_eager_round_bitwise(kind):
+    # The same Round.run, once replayed from a CUDA graph and once launched eagerly (same compiled
+    # blocks, same kernels): every token and every row length equal, bit for bit.
+    target = tiny_model("tiny-llama", dtype=torch.bfloat16).cuda()
+    draft = target.truncated(2)
+    ps = prompts([5, 17, 9], target.cfg.vocab_size, seed=1)
+    p = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    captured = _engine(target, draft, kind, device="cuda", dtype="bfloat16", compile=True)
+    eager = _engine(target, draft, kind, device="cuda", dtype="bfloat16", compile=True, cuda_graphs=False)
+    assert captured.captured is not None and eager.captured is None
+    captured.warmup()
+    for batch in ([ps[0]], ps):
+        a = captured.generate(batch, p)
+        b = eager.generate(batch, p)
+        assert [r.token_ids for r in a] == [r.token_ids for r in b]
+        assert [r.rounds for r in a] == [r.rounds for r in b]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_captured_spec_equals_ar_fp32(kind):
+    target = tiny_model("tiny-llama").cuda()
+    ps = prompts([5, 17, 9, 30, 3, 12, 8, 21], target.cfg.vocab_size, seed=2)
+    p = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    ar = _engine(target, None, "ar", device="cuda")
+    spec = _engine(target, target.truncated(2), kind, device="cuda")
+    spec.warmup()
+    for batch in (ps[:1], ps[:3], ps):
+        assert [r.token_ids for r in spec.generate(batch, p)] == [r.token_ids for r in ar.generate(batch, p)]
