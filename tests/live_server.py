@@ -17,6 +17,7 @@ class LiveServer:
         from sglang_specpilot.cli import build_parser, serve_options
         from sglang_specpilot.engine import Engine
         from sglang_specpilot.server.app import create_app
+        from sglang_specpilot.server.limits import uvicorn_config
 
         self.argv = argv
         self.engine = Engine.from_options(serve_options(build_parser().parse_args(argv)))
@@ -26,7 +27,7 @@ class LiveServer:
         self.sock.bind(("127.0.0.1", 0))  # the OS picks a free port; uvicorn serves on this very socket
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(self.app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> LiveServer:

@@ -110,6 +110,9 @@ def test_disconnect_mid_stream_frees_every_row(live_server):
         "specpilot_requests_total{outcome=\"cancelled\"}", 0) == 2
     # Neither request ran to its 400 tokens.
     assert after["specpilot_generation_tokens_total"] - before["specpilot_generation_tokens_total"] < 400
+    # A client that left is counted (499), never a server error.
+    key = 'specpilot_rejected_requests_total{status="500"}'
+    assert after.get(key, 0) == before.get(key, 0)
 
 
 def test_prompt_too_long_is_a_400(client):

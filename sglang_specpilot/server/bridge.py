@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 
 from ..engine.request import Request, StreamEvent
@@ -25,11 +26,14 @@ class Job:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._open = set(range(len(requests)))
-        self._ids = [scheduler.submit(r, self._sink(i)) for i, r in enumerate(requests)]
+        self._ids: list[int] = []
+        for i, r in enumerate(requests):  # one job: its prompts share a group for fair admission
+            self._ids.append(scheduler.submit(r, self._sink(i), group=self._ids[0] if self._ids else None))
 
     def _sink(self, choice: int):
         def put(item) -> None:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, (choice, item))
+
         return put
 
     async def events(self) -> AsyncIterator[tuple[int, StreamEvent]]:
@@ -67,8 +71,10 @@ class Job:
             if not work.done():  # the client left (or we are being cancelled): free the rows
                 work.cancel()
                 self.cancel()
-        if work.cancelled():
-            raise asyncio.CancelledError
+        if not work.done() or work.cancelled():
+            # The client left: ``work.cancel()`` only asks, so the task may not have finished yet. Nobody is
+            # left to answer; ClientDisconnect is counted (499) rather than logged as a server error.
+            raise ClientDisconnect()
         work.result()  # re-raise an engine failure
         return [last[i] for i in range(len(self.requests))]
 

@@ -3,7 +3,9 @@
 Counters only grow (requests by outcome, prompt and generated tokens, rounds, rejected HTTP requests);
 gauges are sampled now (queue depth, running requests, free KV rows) or computed over a window
 (tokens/s over the last ``window_s`` seconds; mean accepted tokens per step since start, where a step is
-one row's share of one round: accepted draft tokens + the bonus token, 1.0 for AR).
+one row's share of one round: accepted draft tokens + the bonus token, 1.0 for AR). Histograms: time to
+first token (submit -> first token, queueing included) and inter-token latency (the time between a
+request's events divided by the tokens the later one brought; a speculative round brings several).
 """
 
 from __future__ import annotations
@@ -15,6 +17,32 @@ from collections import Counter, deque
 from ..engine.request import Request
 
 PREFIX = "specpilot"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count (not thread-safe on its own)."""
+
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = tuple(sorted(buckets))
+        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        i = next((j for j, b in enumerate(self.buckets) if value <= b), len(self.buckets))
+        self.counts[i] += n
+        self.sum += value * n
+        self.count += n
+
+    def samples(self, name: str) -> list[str]:
+        out, running = [], 0
+        for b, c in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            running += c
+            le = "+Inf" if b == float("inf") else f"{b:g}"
+            out.append(f'{name}_bucket{{le="{le}"}} {running}')
+        return out + [f"{name}_sum {self.sum:.6g}", f"{name}_count {self.count}"]
 
 
 class Metrics:
@@ -23,6 +51,9 @@ class Metrics:
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()  # finished requests by outcome: stop, length, cancelled, error
         self.rejected: Counter[int] = Counter()  # HTTP errors by status (bad input never reaches the engine)
+        self.refusals: Counter[str] = Counter()  # the same errors by reason (their OpenAI code, or type)
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.queue_depth = 0
@@ -64,9 +95,18 @@ class Metrics:
             self.kv_rows_free = len(batch.free_rows)
             self.kv_rows_total = batch.capacity
 
-    def reject(self, status: int) -> None:
+    def reject(self, status: int, reason: str | None = None) -> None:
         with self._lock:
             self.rejected[status] += 1
+            self.refusals[reason or "invalid_request_error"] += 1
+
+    def first_token(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft.observe(seconds)
+
+    def inter_token(self, seconds: float, n: int = 1) -> None:
+        with self._lock:
+            self.itl.observe(seconds, n)
 
     # ---- reading ------------------------------------------------------------------------------------
     def tokens_per_s(self) -> float:
@@ -84,19 +124,45 @@ class Metrics:
         tps, acc = self.tokens_per_s(), self.mean_accepted()
         with self._lock:
             rows = [
-                ("requests_total", "counter", "Requests finished, by outcome.",
-                 [({"outcome": k}, v) for k, v in sorted(self.requests.items())] or [({"outcome": "stop"}, 0)]),
-                ("rejected_requests_total", "counter", "Requests refused with an HTTP error, by status.",
-                 [({"status": str(k)}, v) for k, v in sorted(self.rejected.items())] or [({"status": "400"}, 0)]),
+                (
+                    "requests_total",
+                    "counter",
+                    "Requests finished, by outcome.",
+                    [({"outcome": k}, v) for k, v in sorted(self.requests.items())] or [({"outcome": "stop"}, 0)],
+                ),
+                (
+                    "rejected_requests_total",
+                    "counter",
+                    "Requests refused with an HTTP error, by status.",
+                    [({"status": str(k)}, v) for k, v in sorted(self.rejected.items())] or [({"status": "400"}, 0)],
+                ),
+                (
+                    "refusals_total",
+                    "counter",
+                    "Requests refused with an HTTP error, by reason (the error's code).",
+                    [({"reason": k}, v) for k, v in sorted(self.refusals.items())]
+                    or [({"reason": "invalid_request_error"}, 0)],
+                ),
                 ("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [({}, self.prompt_tokens)]),
                 ("generation_tokens_total", "counter", "Tokens generated.", [({}, self.generation_tokens)]),
-                ("rounds_total", "counter", "Engine rounds (AR steps or speculative rounds) run.",
-                 [({}, self.batch_rounds)]),
-                ("tokens_per_second", "gauge", f"Tokens generated per second over the last {self.window_s:g} s.",
-                 [({}, tps)]),
-                ("mean_accepted_tokens_per_step", "gauge",
-                 "Tokens emitted per request per round since start (accepted draft tokens + bonus; 1 for AR).",
-                 [({}, acc)]),
+                (
+                    "rounds_total",
+                    "counter",
+                    "Engine rounds (AR steps or speculative rounds) run.",
+                    [({}, self.batch_rounds)],
+                ),
+                (
+                    "tokens_per_second",
+                    "gauge",
+                    f"Tokens generated per second over the last {self.window_s:g} s.",
+                    [({}, tps)],
+                ),
+                (
+                    "mean_accepted_tokens_per_step",
+                    "gauge",
+                    "Tokens emitted per request per round since start (accepted draft tokens + bonus; 1 for AR).",
+                    [({}, acc)],
+                ),
                 ("queue_depth", "gauge", "Requests waiting for a KV row.", [({}, self.queue_depth)]),
                 ("running_requests", "gauge", "Requests holding a KV row.", [({}, self.running)]),
                 ("kv_rows_free", "gauge", "Free KV cache rows.", [({}, self.kv_rows_free)]),
@@ -109,4 +175,11 @@ class Metrics:
                 lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
                 text = str(value) if isinstance(value, int) else f"{value:.6g}"
                 out.append(f"{PREFIX}_{name}{'{' + lab + '}' if lab else ''} {text}")
+        with self._lock:
+            for name, help_, hist in (
+                ("time_to_first_token_seconds", "Submit to first token, queueing included.", self.ttft),
+                ("inter_token_latency_seconds", "Time per token between a request's events.", self.itl),
+            ):
+                out += [f"# HELP {PREFIX}_{name} {help_}", f"# TYPE {PREFIX}_{name} histogram"]
+                out += hist.samples(f"{PREFIX}_{name}")
         return "\n".join(out) + "\n"

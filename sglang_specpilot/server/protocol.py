@@ -1,5 +1,11 @@
 """The request bodies of /v1/completions and /v1/chat/completions, validated the way OpenAI does.
 
+Types are strict, as OpenAI's are: ``"max_tokens": "3"`` or ``true``, ``"stream": "yes"`` and
+``"temperature": "0"`` are refused, not coerced. Ranges are checked here, before anything reaches the
+engine: a seed outside 0..2**63-1 or a top_k beyond the vocabulary would otherwise fail inside the prefill
+that admits the request. Bodies are checked for nesting depth and for lone UTF-16 surrogates (valid JSON
+escapes that no tokenizer can encode) before validation.
+
 Unknown top-level fields are refused ("Unrecognized request argument supplied"), as OpenAI's API does.
 Parameters OpenAI defines that the engine cannot honour (n > 1, logprobs, penalties, tools, ...) are
 refused by name rather than silently ignored, so a client never gets output that is not what it asked
@@ -17,10 +23,13 @@ from ..engine import SamplingParams
 from .errors import APIError
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_DEPTH = 32  # nesting of JSON arrays / objects; a chat body needs 5
+MAX_SEED = 2**63 - 1
+MAX_INT = 2**31 - 1  # the bound of counts (top_k, n, best_of, ...) before the engine's own checks
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class StreamOptions(_Body):
@@ -32,12 +41,12 @@ class _Sampling(_Body):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)  # -1 or 0: off (vLLM spells "off" as -1)
-    n: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_INT)  # -1 or 0: off (vLLM spells "off" as -1); <= vocab
+    n: int | None = Field(None, ge=1, le=MAX_INT)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
@@ -87,7 +96,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = False
     logprobs: int | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, le=MAX_INT)
     suffix: str | None = None
 
     def refuse_unsupported(self) -> None:
@@ -103,7 +112,7 @@ class CompletionRequest(_Sampling):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
@@ -111,7 +120,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     # Extra keys are ignored here: clients often send back an assistant message as they received it
     # (with refusal, annotations, ...), and those do not change the prompt.
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -158,10 +167,13 @@ def parse_body(raw: bytes, schema: type[_Sampling]) -> _Sampling:
     """Decode and validate a JSON body; every problem becomes a 400 naming the offending parameter."""
     try:
         data = json.loads(raw)
+    except RecursionError:
+        raise APIError(400, f"the JSON body nests deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"We could not parse the JSON body of your request: {e}") from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
+    check_json_tree(data)
     try:
         body = schema.model_validate(data)
     except ValidationError as e:
@@ -172,9 +184,41 @@ def parse_body(raw: bytes, schema: type[_Sampling]) -> _Sampling:
         if err["type"] == "extra_forbidden":
             raise APIError(400, f"Unrecognized request argument supplied: {param}", param=param) from None
         if err["type"] == "missing":
-            raise APIError(400, f"Missing required parameter: '{param}'.", param=param,
-                           code="missing_required_parameter") from None
-        raise APIError(400, f"Invalid value for '{where}': {err['msg']}", param=param,
-                       code="invalid_value") from None
+            raise APIError(
+                400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+            ) from None
+        raise APIError(400, f"Invalid value for '{where}': {err['msg']}", param=param, code="invalid_value") from None
     body.refuse_unsupported()
     return body
+
+
+def check_json_tree(data: Any) -> None:
+    """Refuse bodies nested deeper than ``MAX_DEPTH`` and strings holding lone surrogates (iteratively:
+    no recursion for a hostile client to exhaust)."""
+    stack: list[tuple[Any, int, str]] = [(data, 1, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii():
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    param = where.split(".", 1)[0].split("[", 1)[0] or None
+                    raise APIError(
+                        400,
+                        f"Invalid value for '{where}': the string holds a lone surrogate "
+                        f"({node[e.start]!r} at index {e.start}), which is not valid Unicode",
+                        param=param,
+                        code="invalid_value",
+                    ) from None
+            continue
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise APIError(400, f"the JSON body nests deeper than {MAX_DEPTH} levels", code="invalid_value")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for k, v in items:
+                if isinstance(k, str):
+                    stack.append((k, depth, where))  # keys too: they end up in messages and templates
+                    stack.append((v, depth + 1, f"{where}.{k}" if where else k))
+                else:
+                    stack.append((v, depth + 1, f"{where}[{k}]"))

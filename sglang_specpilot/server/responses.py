@@ -32,14 +32,21 @@ class Reply:
         choices = []
         for i, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": reason})
+                choices.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": reason,
+                    }
+                )
             else:
                 choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
         return {**self._head(False), "choices": choices, "usage": self.usage()}
 
-    def chunk(self, index: int, text: str | None, reason: str | None = None, role: bool = False,
-              include_usage: bool = False) -> dict:
+    def chunk(
+        self, index: int, text: str | None, reason: str | None = None, role: bool = False, include_usage: bool = False
+    ) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}

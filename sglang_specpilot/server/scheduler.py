@@ -5,6 +5,11 @@ submissions, cancellations), admits waiting requests into free KV rows (all in o
 round for every row in use and hands each new piece of text to its submission's ``sink``. A finished,
 cancelled or failed request leaves its row at once, so the next round boundary can give it away.
 
+Admission is fair across jobs (one HTTP request = one job, possibly of many prompts): free rows go
+round-robin to the jobs that are waiting, oldest first, so a call with 64 prompts does not hold back the
+single prompts that arrive after it. When a prefill fails, its requests are retried one at a time, so a
+request that cannot run (a parameter the engine rejects, say) fails alone and the others are admitted.
+
 Handlers never touch the engine: they talk to this thread only through ``submit`` / ``cancel`` (a
 thread-safe queue in) and their sinks (called from this thread; the asyncio side hops back onto its
 event loop, see bridge.py).
@@ -16,6 +21,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,12 +43,15 @@ class Submission:
     id: int
     request: Request
     sink: Sink
+    group: int = 0  # the job it belongs to (fair admission across jobs)
+    submitted: float = 0.0  # time.monotonic() at submit
+    last_event: float | None = None  # time of its latest event (TTFT, then inter-token latency)
 
 
 class Scheduler:
     def __init__(self, engine: Engine, metrics: Metrics | None = None, idle_wait_s: float = 0.5):
         self.engine = engine
-        self.batch = RowBatch(engine)
+        self.batch = getattr(engine, "batch", None) or RowBatch(engine)  # the engine's own rows, where it has them
         self.metrics = metrics or Metrics()
         self.metrics.gauges(self.batch)
         self.idle_wait_s = idle_wait_s
@@ -70,8 +79,10 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, request: Request, sink: Sink) -> int:
-        sub = Submission(next(self._ids), request, sink)
+    def submit(self, request: Request, sink: Sink, group: int | None = None) -> int:
+        """Queue ``request``; ``group`` ties the prompts of one job together (default: a job of its own)."""
+        sub_id = next(self._ids)
+        sub = Submission(sub_id, request, sink, sub_id if group is None else group, time.monotonic())
         self.metrics.queued(+1)
         self._inbox.put(("submit", sub))
         return sub.id
@@ -83,19 +94,24 @@ class Scheduler:
     # ---- the engine thread -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            idle = not self._waiting and self.batch.active == 0
+            idle = not self._waiting and not self._busy()
             self._drain(block=idle)
             if self._stop.is_set():
                 break
             try:
                 self._admit()
-                if self.batch.active:
+                if self._busy():
                     self._dispatch(self.batch.step())
                     self.metrics.round(self.batch)
             except Exception as e:  # a failed round must not take the server down: fail its requests only
                 log.exception("engine round failed; failing the requests in it")
                 self._fail_all(e)
             self.metrics.gauges(self.batch)
+
+    def _busy(self) -> bool:
+        """Rows in use, or (with lookahead on CUDA) a launched round still to be read."""
+        busy = getattr(self.batch, "busy", None)
+        return self.batch.active > 0 if busy is None else busy
 
     def _drain(self, block: bool) -> None:
         try:
@@ -127,27 +143,67 @@ class Scheduler:
                 self.metrics.finished("cancelled", sub.request)
                 return
 
+    def _take_fair(self, n: int) -> list[Submission]:
+        """Up to ``n`` waiting submissions, round-robin over their jobs (oldest job first)."""
+        by_group: dict[int, deque[Submission]] = {}
+        for sub in self._waiting:
+            by_group.setdefault(sub.group, deque()).append(sub)
+        picked: list[Submission] = []
+        while len(picked) < n and by_group:
+            for group in list(by_group):
+                picked.append(by_group[group].popleft())
+                if not by_group[group]:
+                    del by_group[group]
+                if len(picked) == n:
+                    break
+        chosen = {id(s) for s in picked}
+        self._waiting = deque(s for s in self._waiting if id(s) not in chosen)
+        return picked
+
     def _admit(self) -> None:
         n = min(len(self._waiting), len(self.batch.free_rows))
         if not n:
             return
-        subs = [self._waiting.popleft() for _ in range(n)]
+        subs = self._take_fair(n)
         self.metrics.queued(-n)
         try:
             events = self.batch.admit([s.request for s in subs])
-        except Exception as e:  # e.g. out of memory in the prefill: fail these requests, keep the others
-            log.exception("prefill failed; failing the requests it admitted")
-            for sub in subs:
-                row = sub.request.index
-                if 0 <= row < self.batch.capacity and self.batch.rows[row] is sub.request:
-                    self.batch.release(row)
-                self.metrics.finished("error", sub.request)
-                self._send(sub, e)
+        except Exception as e:  # e.g. out of memory, or a request the engine cannot run
+            self._undo_admission(subs)
+            if len(subs) == 1:
+                log.warning("prefill failed; failing its request: %s: %s", type(e).__name__, e)
+                self.metrics.finished("error", subs[0].request)
+                self._send(subs[0], e)
+                return
+            log.warning(
+                "a prefill of %d requests failed (%s: %s); admitting them one at a time", len(subs), type(e).__name__, e
+            )
+            events = []
+            for sub in subs:  # isolate the culprit: each alone, so only a request that fails alone fails
+                try:
+                    events += self.batch.admit([sub.request])
+                except Exception as e1:
+                    self._undo_admission([sub])
+                    log.warning("prefill failed; failing its request: %s: %s", type(e1).__name__, e1)
+                    self.metrics.finished("error", sub.request)
+                    self._send(sub, e1)
+                    continue
+                self._by_row[sub.request.index] = sub
+                self.metrics.admitted(sub.request)
+            self._dispatch(events)
             return
         for sub in subs:
             self._by_row[sub.request.index] = sub
             self.metrics.admitted(sub.request)
         self._dispatch(events)
+
+    def _undo_admission(self, subs: list[Submission]) -> None:
+        """Free the rows a failed ``admit`` had already given these requests."""
+        for sub in subs:
+            row = sub.request.index
+            if 0 <= row < self.batch.capacity and self.batch.rows[row] is sub.request:
+                self.batch.release(row)
+            sub.request.index = -1
 
     def _dispatch(self, events: list[StreamEvent]) -> None:
         for ev in events:
@@ -155,6 +211,12 @@ class Scheduler:
             if sub is None:
                 continue
             self.metrics.tokens(len(ev.token_ids))
+            now = time.monotonic()
+            if sub.last_event is None:
+                self.metrics.first_token(now - sub.submitted)
+            elif ev.token_ids:
+                self.metrics.inter_token((now - sub.last_event) / len(ev.token_ids), len(ev.token_ids))
+            sub.last_event = now
             if ev.finished:
                 del self._by_row[ev.index]  # RowBatch already freed the row
                 self.metrics.finished(ev.finish_reason or "length", sub.request)
@@ -166,6 +228,11 @@ class Scheduler:
             self.metrics.finished("error", sub.request)
             self._send(sub, error)
         self._by_row.clear()
+
+    @property
+    def queued(self) -> int:
+        """Requests submitted and not yet admitted (the queue a new job would join)."""
+        return self.metrics.queue_depth
 
     @staticmethod
     def _send(sub: Submission, item) -> None:
