@@ -20,7 +20,9 @@ from helpers import run_kernel_cases_in_interpreter
 
 from sglang_specpilot.kernels.tree_attention import (
     INTERPRETED,
+    Config,
     default_num_splits,
+    pick_config,
     row_block,
     tree_attention,
     tree_attention_ref,
@@ -144,13 +146,24 @@ def test_reference_matches_brute_force_window(anc_kind):
 
 
 def test_default_num_splits():
-    # Batch 1, 8 kv heads on 132 SMs: 264 programs wanted, 33 splits (8k context: 4 blocks each).
-    assert default_num_splits(1, 8, 1, 8192, 132) == 33
-    # A big batch fills the GPU on its own: one split, no merge kernel.
+    # Batch 1, 8 kv heads on 132 SMs: 2 x 16 = 32 splits (the measured best, kernels/tree_attention.py).
+    assert default_num_splits(1, 8, 1, 8192, 132) == 32
+    # A big batch fills the GPU on its own: one split, no merge.
     assert default_num_splits(64, 8, 1, 8192, 132) == 1
-    # Never more splits than cache blocks, never more than 64.
-    assert default_num_splits(1, 1, 1, 160, 132) == 3
+    # Never more splits than cache blocks (128 slots in decode), never more than 64.
+    assert default_num_splits(1, 1, 1, 160, 132) == 2
     assert default_num_splits(1, 1, 1, 1 << 20, 132) == 64
+
+
+def test_pick_config():
+    # Plain decode on the 8B shape: 16-row tiles, 128-slot blocks, 2 stages, 32 splits.
+    assert pick_config(1, 4, 8, 4224, 2, 132) == Config(16, 128, 32, 1, 4, 2)
+    # fp32 decode keeps 64-slot blocks (a 128 x 128 fp32 tile pair per stage would not fit twice).
+    assert pick_config(1, 4, 8, 4224, 4, 132).block_s == 64
+    # A 64-token verify tree: 64-row tiles (4 a kv head), one program per SM: 132 // 32 = 4 splits.
+    assert pick_config(1, 256, 8, 4224, 2, 132) == Config(64, 64, 4, 1, 4, 3)
+    # The tests' pinned count wins.
+    assert pick_config(1, 256, 8, 4224, 2, 132, num_splits=7).num_splits == 7
 
 
 def test_row_block():
@@ -175,6 +188,8 @@ def test_cpu_falls_back_to_reference():
 CASES = [
     (1, 1, 1, 32, [0], "chain", None),  # the first token of a request: nothing but itself
     (1, 1, 4, 64, [130], "chain", None),  # plain decode, GQA 4
+    (1, 1, 1, 32, [130], "chain", 3),  # one row: the merge reads a single row of each partial
+    (1, 1, 2, 32, [100], "chain", 16),  # two rows, 16 grid splits over 2 live blocks
     (3, 3, 3, 32, [0, 17, 130], "tree", 1),  # one split: the kernel writes o directly
     (3, 5, 4, 64, [63, 64, 65], "tree", 2),  # the new block straddles a block edge, or starts on one
     (3, 7, 3, 32, [1, 130, 64], "chain", 5),  # more splits than blocks: empty splits must add nothing
@@ -258,6 +273,16 @@ def test_kernel_ignores_garbage_past_the_end(fill, num_splits):
     out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
     assert out.isfinite().all()
     assert_close(out, ref, TOL[torch.float32], f"garbage {fill}")
+
+
+@kernel_case
+def test_kernel_tickets_left_zero():
+    # The in-kernel merge's ticket counters must be zero after every call, or the next call (or graph
+    # replay) would pick the wrong merger.
+    q, k, v, seq_len, anc = make_case(3, 5, 3, 32, [0, 64, 100], "tree")
+    for num_splits in (2, 4, 16):
+        tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
+        assert not ta_module._TICKETS[q.device].any(), num_splits
 
 
 @kernel_case

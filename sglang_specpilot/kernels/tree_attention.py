@@ -16,11 +16,17 @@ It walks its slice of the cache in BLOCK_S slots at a time with an online softma
 Blocks that lie wholly in the prefix take an unmasked fast path; only the last one or two blocks of a
 request (the prefix tail and the window) load the ancestor mask.
 
-Small batches leave most SMs idle, so the cache is also cut into ``num_splits`` contiguous ranges
-(flash-decoding). The count is fixed on the host from static shapes only; the ranges themselves come
-from ``seq_len`` inside the kernel, so nothing reads ``seq_len`` on the host and the op is safe to capture
-in a CUDA graph. Each split writes its normalized partial output and log-sum-exp; a second small kernel
-merges them. With one split the first kernel writes the output directly.
+Small batches leave most SMs idle, so the cache is also cut into contiguous ranges (flash-decoding). The
+grid's split count is fixed on the host from static shapes only (``pick_config``); the ranges come from
+``seq_len`` inside the kernel (the live blocks cut into at most that many splits), and the programs past
+the live range exit at once, so nothing reads ``seq_len`` on the host and the op is safe to capture in a
+CUDA graph. With one live split a program writes the output directly. Otherwise each split writes its
+normalized fp32 partial and log-sum-exp, then takes a ticket (an acq_rel atomic on a per-(request, kv head,
+row tile) counter); the split that draws the last ticket merges every partial, in split order, so the
+result does not depend on which one finished last, and resets the counter to zero for the next call and
+the next graph replay. One launch, no merge kernel. The counters live in a per-device buffer that stays
+zero between calls (under torch.compile a fresh zeroed one each call), so two calls must not run at once
+on different streams.
 
 ``tree_attention`` is a ``torch.library.triton_op`` (``specpilot::tree_attention``), so
 ``torch.compile(fullgraph=True)`` sees through it. On the CPU it runs the PyTorch reference, unless
@@ -31,43 +37,135 @@ merges them. With one split the first kernel writes the output directly.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-# Tile sizes from one sweep on the H200 (bf16, 8 kv heads, G = 4, D = 128; median us of 20 CUDA-graph
-# replays, a single run): 64 slots x 3 stages was best on 3 of 6 shapes and within 15% on the rest (32 slots
-# won batch 8, N = 8, 8k context: 97 vs 112 us). Batch 64, N = 8, 8k: 493 us (64 slots, 3 stages), 573
-# (64, 2), 501 (128, 2), 612 (32, 3); 128 slots x 3 stages x 128 rows runs out of shared memory.
-# BLOCK_S is also the unit a split's range is aligned to.
+# Measurements behind the constants below: the H200, Llama-3.1-8B attention (8 kv heads, G = 4, D = 128,
+# bf16), batch 1, a 4224-slot cache; us per step of 32 calls over 32 layer caches in one CUDA graph, median
+# of 30 replays, one run each (benchmarks/attention_bench.py). "4k / 1k" = 4096 / 1024 cached tokens.
+#
+# Plain decode (Nq = 1, 4 real rows of a 16-row tile), new kernel:
+#   128-slot blocks, 2 stages, 32 splits, >= 1 block a split   480 / 285   (the default)
+#   64-slot blocks, 3 stages, 64 splits, >= 1 / 2 / 4 blocks   581 / 393, 591 / 290, 504 / 334
+#   64-slot blocks, 3 stages, 32 splits, >= 4 blocks           444 / 333
+#   128-slot blocks, 3 stages, 64 splits                       659 / 304
+#   the old kernel + merge launch (33 splits, 64-slot blocks)  830 / 488
+# A verify tree (Nq = W = 64, 256 rows a kv head), new kernel, 64-slot blocks:
+#   64-row tiles, 4 warps, 3 stages, 4 splits                  712 / 448   (the default)
+#   the same with 2 / 3 / 6 / 8 splits                         1041 / 526, 830 / 490, 1051 / 703, 968 / 702
+#   the same with 4 stages                                     736 / 464
+#   128-row tiles, 8 warps, 4 / 8 splits                       1006 / 603, 938 / 703
+#   32-row tiles, 2 / 4 splits                                 1369 / 619, 1431 / 867
+#   the old kernel + merge launch (9 splits)                   1104 / 838
+# What costs: about 9 us a call whatever the context (285 us / 32 at 1k, where reading the K/V takes ~1
+# us), the chain of dependent round trips in one program (seq_len, K/V, partial store, ticket, merge loads);
+# and the single merging program reads every live split's fp32 partial, which is why a tree (64 rows of
+# 128 fp32 a partial) wants few splits: past one program per SM (4 splits x 32 tiles on 132 SMs) it loses.
+
+# Slots per block. Decode: 128 (see above). Trees and fp32 (twice the bytes a tile): 64, from an earlier
+# sweep (batch 8, N = 8, 8k context: 64 slots x 3 stages 97 us vs 112 for 32; batch 64, N = 8, 8k: 493 us
+# for 64 x 3 stages, 573 for 64 x 2, 501 for 128 x 2; 128 slots x 3 stages x 128 rows runs out of shared
+# memory). A split's range is a whole number of blocks.
 BLOCK_S = 64
-# Three stages of K/V tiles in flight; fp32 tiles are twice the bytes, so fp32 keeps two (3 x 64 KB of
-# 64 x 128 fp32 K/V plus the q tile would pass the 227 KB of shared memory).
+BLOCK_S_DECODE = 128
+# K/V stages in flight, by element size. fp32 keeps two: 3 x 64 KB of 64 x 128 fp32 K/V plus the q tile
+# would pass the 227 KB of shared memory. Decode's 128-slot bf16 blocks also keep two (the measured best).
 NUM_STAGES = {2: 3, 4: 2}
-# Rows per tile: 128-row tiles beat 64 once there are programs enough (batch 8, N = 64, 8k: 176 vs 212 us)
-# but leave SMs idle at batch 1 (N = 64, 1k context: 44 vs 27 us), so small grids use 64.
+NUM_STAGES_DECODE = 2
+# fp32 partial values the merge loads a step for four warps (64 registers a thread): all the live splits
+# of plain decode (4 rows x 128 dims x 16 splits) in one round trip.
+MERGE_ELEMS = 8192
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Config(NamedTuple):
+    """Launch shape of one call: rows per tile, slots per block, the split grid, warps and stages."""
+
+    block_r: int  # query rows per program (>= 16 for tl.dot)
+    block_s: int  # cache slots per inner step; a split's range is a whole number of these
+    num_splits: int  # programs per (request, kv head, row tile) over the cache; those past the live range exit
+    min_split_blocks: int  # a live split covers at least this many blocks (1 was best in every regime measured)
+    num_warps: int
+    num_stages: int
+
+
+# Rows per tile: 128-row tiles pay once there are programs enough (batch 8, N = 64, 8k: 176 vs 212 us) but
+# leave SMs idle at batch 1, so small grids use 64 (see above for batch 1).
 MAX_BLOCK_R = 128
-# Cap on splits (not swept): at 64 splits an 8k context gives each split only two blocks.
+# Cap on the split grid: programs past the live range still cost a launch slot each.
 MAX_SPLITS = 64
-# Programs per SM the split heuristic aims for (not swept): two let one program's loads overlap another's
-# math.
+# Decode: split programs per SM the grid aims for at the full capacity (32 splits x 8 heads at batch 1).
 PROGRAMS_PER_SM = 2
 # Used when the device is not a GPU (the interpreter): the SM count of an H100/H200.
 DEFAULT_NUM_SMS = 132
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Kernels
-# ---------------------------------------------------------------------------------------------------------
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@triton.jit
-def _split_blocks(seq, num_win, num_splits, BLOCK_S: tl.constexpr):
-    # Cache blocks per split for this request; both kernels must cut the range the same way.
-    num_blocks = tl.cdiv(seq + num_win, BLOCK_S)
-    return tl.cdiv(num_blocks, num_splits)
+def row_block(rows: int, batch: int, num_kv_heads: int, num_sms: int) -> int:
+    """Query rows per program: the next power of two >= 16, at most MAX_BLOCK_R; 64 on a small grid."""
+    block = min(max(16, triton.next_power_of_2(rows)), MAX_BLOCK_R)
+    if block > 64 and batch * num_kv_heads * triton.cdiv(rows, block) < num_sms // 2:
+        block = 64
+    return block
+
+
+def default_num_splits(
+    batch: int, num_kv_heads: int, row_tiles: int, capacity: int, num_sms: int, block_s: int = BLOCK_S_DECODE
+) -> int:
+    """Decode's KV splits from static shapes only: PROGRAMS_PER_SM programs per SM, capped.
+
+    Rounded down per wave (PROGRAMS_PER_SM x whole (request, kv head) sets per 132 SMs), which gives the
+    measured 32 at batch 1 with 8 kv heads.
+    """
+    programs = batch * num_kv_heads * row_tiles
+    want = PROGRAMS_PER_SM * (num_sms // programs)
+    return max(1, min(want, MAX_SPLITS, triton.cdiv(capacity, block_s)))
+
+
+def tree_num_splits(batch: int, num_kv_heads: int, row_tiles: int, capacity: int, num_sms: int) -> int:
+    """Tree tiles' KV splits: at most one program per SM (a second wave lost: 6 and 8 splits above)."""
+    programs = batch * num_kv_heads * row_tiles
+    return max(1, min(num_sms // programs, MAX_SPLITS, triton.cdiv(capacity, BLOCK_S)))
+
+
+def pick_config(
+    batch: int, rows: int, num_kv_heads: int, capacity: int, elem_size: int, num_sms: int, num_splits: int = 0
+) -> Config:
+    """The launch shape from static shapes only (never seq_len: the op must stay graph-capturable).
+
+    ``rows`` = Nq * G query rows per (request, kv head). Up to 16 rows (one tile) is the decode regime;
+    more is the tree regime. ``num_splits`` > 0 pins the split count (the tests do).
+    """
+    block_r = row_block(rows, batch, num_kv_heads, num_sms)
+    row_tiles = triton.cdiv(rows, block_r)
+    warps = 8 if block_r >= 128 else 4
+    decode = block_r <= 16 and elem_size == 2
+    block_s = BLOCK_S_DECODE if decode else BLOCK_S
+    stages = NUM_STAGES_DECODE if decode else NUM_STAGES[elem_size]
+    if num_splits <= 0:
+        if block_r <= 16:
+            num_splits = default_num_splits(batch, num_kv_heads, row_tiles, capacity, num_sms, block_s)
+        else:
+            num_splits = tree_num_splits(batch, num_kv_heads, row_tiles, capacity, num_sms)
+    return Config(block_r, block_s, num_splits, 1, warps, stages)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -121,6 +219,7 @@ def _tree_attention_kernel(
     o_ptr,
     part_o_ptr,
     part_lse_ptr,
+    ticket_ptr,
     stride_qb,
     stride_qn,
     stride_qh,
@@ -143,11 +242,13 @@ def _tree_attention_kernel(
     group,
     num_row_tiles,
     num_splits,
+    min_split_blocks,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    ONE_SPLIT: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr,
+    MERGE_ROWS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -157,10 +258,15 @@ def _tree_attention_kernel(
     tile = pid % num_row_tiles
     kv_head = (pid // num_row_tiles) % num_kv_heads
     b = (pid // num_row_tiles // num_kv_heads).to(tl.int64)  # batch strides can pass 2**31 elements
-    # Under torch.compile inductor passes Python floats as fp64; fp64 scores would make m_i change type.
+    # Under torch.compile inductor passes Python floats as fp64 (or a constexpr); fp64 scores would make m_i
+    # change type. Converted here, outside any branch: a branch may not change a variable's type.
     qk_scale = tl.full([], qk_scale, tl.float32)
 
-    # -- query rows: row r is query token r // G of query head kv_head * G + r % G ------------------------
+    # -- this split's slot range, from seq_len on the device: at least min_split_blocks blocks a split, and
+    # no more splits than the grid has; the splits past the live range exit here ---------------------------
+    seq = tl.load(seq_len_ptr + b * stride_seq).to(tl.int32)
+    # -- query rows: row r is query token r // G of query head kv_head * G + r % G. Loaded before the range
+    # is known, so the two loads' latencies overlap ---------------------------------------------------------
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < num_q * group
     tok = rows // group
@@ -171,116 +277,111 @@ def _tree_attention_kernel(
         mask=row_ok[:, None],
         other=0.0,
     )
-
-    # -- this split's slot range [start, end), aligned to BLOCK_S, computed from seq_len on the device -----
-    seq = tl.load(seq_len_ptr + b * stride_seq).to(tl.int32)
     total = seq + num_win
-    per_split = _split_blocks(seq, num_win, num_splits, BLOCK_S)
-    start = split * per_split * BLOCK_S
-    end = tl.minimum(start + per_split * BLOCK_S, total)  # below start when the split is empty
-    # Blocks that end at or before seq are pure prefix: every row sees every slot, no mask needed.
-    full_end = tl.maximum(start, (tl.minimum(end, seq) // BLOCK_S) * BLOCK_S)
+    live_blocks = tl.cdiv(total, BLOCK_S)
+    per_split = tl.maximum(tl.cdiv(live_blocks, num_splits), min_split_blocks)
+    num_live = tl.cdiv(live_blocks, per_split)
+    if split < num_live:
+        start = split * per_split * BLOCK_S
+        end = tl.minimum(start + per_split * BLOCK_S, total)
+        # Blocks that end at or before seq are pure prefix: every row sees every slot, no mask needed.
+        full_end = tl.maximum(start, (tl.minimum(end, seq) // BLOCK_S) * BLOCK_S)
 
-    k_base = k_ptr + b * stride_kb + kv_head * stride_kh
-    v_base = v_ptr + b * stride_vb + kv_head * stride_vh
-    anc_base = anc_ptr + b * stride_ab + tok * stride_ai
-    slots = tl.arange(0, BLOCK_S)
+        k_base = k_ptr + b * stride_kb + kv_head * stride_kh
+        v_base = v_ptr + b * stride_vb + kv_head * stride_vh
+        anc_base = anc_ptr + b * stride_ab + tok * stride_ai
+        slots = tl.arange(0, BLOCK_S)
 
-    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+        m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
 
-    # -- prefix blocks: unmasked loads --------------------------------------------------------------------
-    for s0 in range(start, full_end, BLOCK_S):
-        offs = s0 + slots
-        k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :])
-        v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :])
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, None, qk_scale, False, DOT_PRECISION, UPCAST)
+        # -- prefix blocks: unmasked loads ----------------------------------------------------------------
+        for s0 in range(start, full_end, BLOCK_S):
+            offs = s0 + slots
+            k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :])
+            v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :])
+            acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, None, qk_scale, False, DOT_PRECISION, UPCAST)
 
-    # -- the prefix tail and the window: the ancestor mask decides --------------------------------------
-    for s0 in range(full_end, end, BLOCK_S):
-        offs = s0 + slots
-        in_use = offs < total
-        # Masked loads (not multiply-by-zero) keep NaN garbage past the window out of the dot products.
-        # Window slots a row may not see are finite (the contract), so their masked p = 0 adds nothing.
-        k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_use[:, None], other=0.0)
-        v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_use[:, None], other=0.0)
-        rel = offs - seq
-        is_win = (rel >= 0) & in_use
-        anc_ptrs = anc_base[:, None] + rel[None, :] * stride_aj
-        tree = tl.load(anc_ptrs, mask=row_ok[:, None] & is_win[None, :], other=0)
-        allowed = (offs < seq)[None, :] | (tree != 0)
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, allowed, qk_scale, True, DOT_PRECISION, UPCAST)
+        # -- the prefix tail and the window: the ancestor mask decides ------------------------------------
+        for s0 in range(full_end, end, BLOCK_S):
+            offs = s0 + slots
+            in_use = offs < total
+            # Masked loads (not multiply-by-zero) keep NaN garbage past the window out of the dot products.
+            # Window slots a row may not see are finite (the contract), so their masked p = 0 adds nothing.
+            k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_use[:, None], other=0.0)
+            v = tl.load(v_base + offs[:, None] * stride_vs + dims[None, :], mask=in_use[:, None], other=0.0)
+            rel = offs - seq
+            is_win = (rel >= 0) & in_use
+            anc_ptrs = anc_base[:, None] + rel[None, :] * stride_aj
+            tree = tl.load(anc_ptrs, mask=row_ok[:, None] & is_win[None, :], other=0)
+            allowed = (offs < seq)[None, :] | (tree != 0)
+            acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, allowed, qk_scale, True, DOT_PRECISION, UPCAST)
 
-    # -- store: the output itself, or this split's normalized partial and its log-sum-exp -----------------
-    # A split with no slots has l = 0: it stores out = 0 and lse = -inf, a zero weight in the merge.
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    if ONE_SPLIT:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]
         o_ptrs = o_ptr + b * stride_ob + tok[:, None] * stride_on + head[:, None] * stride_oh + dims[None, :]
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
-        part = pid.to(tl.int64) * num_splits + split
-        local = tl.arange(0, BLOCK_R)
-        tl.store(part_lse_ptr + part * BLOCK_R + local, lse)
-        tl.store(part_o_ptr + (part * BLOCK_R + local[:, None]) * HEAD_DIM + dims[None, :], out)
-
-
-@triton.jit
-def _merge_splits_kernel(
-    part_o_ptr,
-    part_lse_ptr,
-    seq_len_ptr,
-    o_ptr,
-    stride_ob,
-    stride_on,
-    stride_oh,
-    stride_seq,
-    num_kv_heads,
-    num_q,
-    num_win,
-    group,
-    num_row_tiles,
-    num_splits,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    # One program per (request, kv head, row tile), same mapping as the attention kernel.
-    pid = tl.program_id(0)
-    tile = pid % num_row_tiles
-    kv_head = (pid // num_row_tiles) % num_kv_heads
-    b = (pid // num_row_tiles // num_kv_heads).to(tl.int64)
-    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < num_q * group
-    tok = rows // group
-    head = kv_head * group + rows % group
-    local = tl.arange(0, BLOCK_R)
-    dims = tl.arange(0, HEAD_DIM)
-
-    # Splits past the last non-empty one hold (0, -inf); skipping them saves reading them at short contexts.
-    seq = tl.load(seq_len_ptr + b * stride_seq).to(tl.int32)
-    per_split = _split_blocks(seq, num_win, num_splits, BLOCK_S)
-    num_active = tl.cdiv(tl.cdiv(seq + num_win, BLOCK_S), per_split)
-
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    l_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
-    for split in range(0, num_active):
-        part = pid.to(tl.int64) * num_splits + split
-        lse = tl.load(part_lse_ptr + part * BLOCK_R + local)
-        out = tl.load(part_o_ptr + (part * BLOCK_R + local[:, None]) * HEAD_DIM + dims[None, :])
-        m_new = tl.maximum(m, lse)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_safe)
-        w = tl.math.exp2(lse - m_safe)
-        acc = acc * alpha[:, None] + w[:, None] * out
-        l_sum = l_sum * alpha + w
-        m = m_new
-    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    o_ptrs = o_ptr + b * stride_ob + tok[:, None] * stride_on + head[:, None] * stride_oh + dims[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        if num_live == 1:
+            # -- one live split: the output itself ---------------------------------------------------------
+            tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            # -- this split's normalized partial and its log-sum-exp; the last split to finish merges -------
+            # A row that sees no slot of this split has m = -inf, so lse = -inf: a zero weight in the merge.
+            lse = m_i + tl.math.log2(l_safe)
+            local = tl.arange(0, BLOCK_R)
+            base = pid.to(tl.int64) * num_splits
+            tl.store(part_lse_ptr + (base + split) * BLOCK_R + local, lse, mask=row_ok)
+            tl.store(
+                part_o_ptr + ((base + split) * BLOCK_R + local[:, None]) * HEAD_DIM + dims[None, :],
+                out,
+                mask=row_ok[:, None],
+            )
+            # The barrier orders every thread's partial stores before the ticket, which one thread takes
+            # with release semantics; its acquire and the barrier Triton puts after a scalar atomic order the
+            # merge's loads after it (the pattern of CUTLASS's semaphore).
+            tl.debug_barrier()
+            # The ticket counts the splits of this (request, kv head, row tile) that are done.
+            ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_live - 1:
+                # Merge MERGE_SPLITS partials a step (the lse and the rows' outputs in one round trip), in
+                # split order whichever split came last, so the result is deterministic. MERGE_ROWS covers the
+                # tile's real rows (4 of a 16-row tile in plain decode). .cg reads go to L2, past this SM's L1.
+                sp_off = tl.arange(0, MERGE_SPLITS)
+                r_off = tl.arange(0, MERGE_ROWS)
+                m_rows = tile * BLOCK_R + r_off
+                m_ok = m_rows < num_q * group
+                m = tl.full([MERGE_ROWS], float("-inf"), dtype=tl.float32)
+                l_sum = tl.zeros([MERGE_ROWS], dtype=tl.float32)
+                merged = tl.zeros([MERGE_ROWS, HEAD_DIM], dtype=tl.float32)
+                for s0 in range(0, num_live, MERGE_SPLITS):
+                    sp = s0 + sp_off
+                    ok = (sp < num_live)[:, None] & m_ok[None, :]
+                    idx = (base + sp)[:, None] * BLOCK_R + r_off[None, :]
+                    lse_c = tl.load(part_lse_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                    out_c = tl.load(
+                        part_o_ptr + idx[:, :, None] * HEAD_DIM + dims[None, None, :],
+                        mask=ok[:, :, None],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                    m_new = tl.maximum(m, tl.max(lse_c, 0))
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.math.exp2(m - m_safe)
+                    w = tl.math.exp2(lse_c - m_safe[None, :])
+                    l_sum = l_sum * alpha + tl.sum(w, 0)
+                    merged = merged * alpha[:, None] + tl.sum(w[:, :, None] * out_c, 0)
+                    m = m_new
+                merged = merged / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+                m_tok = m_rows // group
+                m_head = kv_head * group + m_rows % group
+                tl.store(
+                    o_ptr + b * stride_ob + m_tok[:, None] * stride_on + m_head[:, None] * stride_oh + dims[None, :],
+                    merged.to(o_ptr.dtype.element_ty),
+                    mask=m_ok[:, None],
+                )
+                # Reset for the next call (and the next CUDA-graph replay): every live split has taken its
+                # ticket by now, and the others never touch it.
+                tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -297,66 +398,53 @@ def _launchable(kernel):
     return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_NUM_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+# Ticket counters of the in-kernel merge, one int32 per (request, kv head, row tile), kept zero between
+# calls: the merging program resets its own. One buffer per device, reused by every call and every captured
+# graph; a grown buffer replaces it but the old ones stay alive, since graphs captured earlier point at them.
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+_TICKETS_KEPT: list[torch.Tensor] = []
 
 
-def default_num_splits(batch: int, num_kv_heads: int, row_tiles: int, capacity: int, num_sms: int) -> int:
-    """KV splits from static shapes only: enough programs for PROGRAMS_PER_SM per SM, capped."""
-    programs = batch * num_kv_heads * row_tiles
-    want = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
-    return max(1, min(want, MAX_SPLITS, triton.cdiv(capacity, BLOCK_S)))
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        # A traced graph cannot hold on to a module-level buffer; a fresh zeroed one costs one fill.
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        t = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _TICKETS[device] = t
+        _TICKETS_KEPT.append(t)
+    return t
 
 
-def row_block(rows: int, batch: int, num_kv_heads: int, num_sms: int) -> int:
-    """Query rows per program: the next power of two >= 16, at most MAX_BLOCK_R; 64 on a small grid."""
-    block = min(max(16, triton.next_power_of_2(rows)), MAX_BLOCK_R)
-    if block > 64 and batch * num_kv_heads * triton.cdiv(rows, block) < num_sms // 2:
-        block = 64
-    return block
-
-
-@torch.library.triton_op("specpilot::tree_attention", mutates_args=())
-def _tree_attention_op(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    seq_len: torch.Tensor,
-    anc: torch.Tensor,
-    scale: float,
-    num_splits: int,
-) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Config) -> torch.Tensor:
     B, Nq, Hq, D = q.shape
-    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    Hkv = k_cache.shape[2]
     W = anc.shape[-1]
     G = Hq // Hkv
-    num_sms = _num_sms(q.device)
-    block_r = row_block(Nq * G, B, Hkv, num_sms)
-    row_tiles = triton.cdiv(Nq * G, block_r)
-    if num_splits <= 0:
-        num_splits = default_num_splits(B, Hkv, row_tiles, S, num_sms)
+    row_tiles = triton.cdiv(Nq * G, cfg.block_r)
+    programs = B * Hkv * row_tiles
+    assert tickets.numel() >= programs and tickets.dtype == torch.int32
     # anc goes in as bool: Triton reads it through an i1 pointer, one byte each. A uint8 view would do as
     # well in eager mode, but inductor cannot lower a bool -> uint8 view (torch 2.11).
     stride_ab = anc.stride(0) if anc.dim() == 3 else 0  # a shared [Nq, W] mask: every request reads it
-
     o = torch.empty_like(q)
-    one_split = num_splits == 1
-    if one_split:
-        # Unused (the kernel writes o directly); distinct buffers so no argument aliases o.
-        part_o = part_lse = torch.empty(1, device=q.device, dtype=torch.float32)
+    if cfg.num_splits == 1:
+        # Unused (one live split writes o directly); distinct buffers so no argument aliases another.
+        part_o = torch.empty(1, device=q.device, dtype=torch.float32)
+        part_lse = torch.empty(1, device=q.device, dtype=torch.float32)
     else:
-        programs = B * Hkv * row_tiles
-        part_o = torch.empty((programs, num_splits, block_r, D), device=q.device, dtype=torch.float32)
-        part_lse = torch.empty((programs, num_splits, block_r), device=q.device, dtype=torch.float32)
-
+        part_o = torch.empty((programs, cfg.num_splits, cfg.block_r, D), device=q.device, dtype=torch.float32)
+        part_lse = torch.empty((programs, cfg.num_splits, cfg.block_r), device=q.device, dtype=torch.float32)
+    # The merge reads the tile's real rows only, and as many partials a step as keep it at MERGE_ELEMS fp32
+    # values a thread group of four warps.
+    merge_rows = min(cfg.block_r, max(1, triton.next_power_of_2(Nq * G)))
+    merge_elems = MERGE_ELEMS * cfg.num_warps // 4
+    merge_splits = max(1, min(triton.next_power_of_2(cfg.num_splits), merge_elems // (merge_rows * D)))
     # fp32 models are the lossless reference runs: keep the dots in IEEE fp32, not TF32.
     upcast = INTERPRETED and q.dtype == torch.bfloat16
     dot_precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
-    num_warps = 8 if block_r >= 128 else 4
-    grid = (B * Hkv * row_tiles, num_splits)
-    _launchable(_tree_attention_kernel)[grid](
+    _launchable(_tree_attention_kernel)[(programs, cfg.num_splits)](
         q,
         k_cache,
         v_cache,
@@ -365,6 +453,7 @@ def _tree_attention_op(
         o,
         part_o,
         part_lse,
+        tickets,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -386,39 +475,39 @@ def _tree_attention_op(
         W,
         G,
         row_tiles,
-        num_splits,
+        cfg.num_splits,
+        cfg.min_split_blocks,
         scale * math.log2(math.e),
         HEAD_DIM=D,
-        BLOCK_R=block_r,
-        BLOCK_S=BLOCK_S,
-        ONE_SPLIT=one_split,
+        BLOCK_R=cfg.block_r,
+        BLOCK_S=cfg.block_s,
+        MERGE_SPLITS=merge_splits,
+        MERGE_ROWS=merge_rows,
         DOT_PRECISION=dot_precision,
         UPCAST=upcast,
-        num_warps=num_warps,
-        num_stages=NUM_STAGES[q.element_size()],
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
-    if not one_split:
-        _launchable(_merge_splits_kernel)[(B * Hkv * row_tiles,)](
-            part_o,
-            part_lse,
-            seq_len,
-            o,
-            o.stride(0),
-            o.stride(1),
-            o.stride(2),
-            seq_len.stride(0),
-            Hkv,
-            Nq,
-            W,
-            G,
-            row_tiles,
-            num_splits,
-            HEAD_DIM=D,
-            BLOCK_R=block_r,
-            BLOCK_S=BLOCK_S,
-            num_warps=4,
-        )
     return o
+
+
+@torch.library.triton_op("specpilot::tree_attention", mutates_args=())
+def _tree_attention_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_len: torch.Tensor,
+    anc: torch.Tensor,
+    tickets: torch.Tensor,
+    scale: float,
+    num_splits: int,
+) -> torch.Tensor:
+    # tickets is written but left as it came (all zero): no mutation to declare. Under torch.compile the
+    # kernel's writes are found anyway (wrap_triton's analysis) and the buffer is a fresh one (_tickets).
+    B, Nq, Hq, _ = q.shape
+    Hkv = k_cache.shape[2]
+    cfg = pick_config(B, Nq * (Hq // Hkv), Hkv, k_cache.shape[1], q.element_size(), _num_sms(q.device), num_splits)
+    return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, cfg)
 
 
 def tree_attention(
@@ -471,7 +560,9 @@ def tree_attention(
         scale = D**-0.5
     if q.device.type == "cpu" and not INTERPRETED:
         return tree_attention_ref(q, k_cache, v_cache, seq_len, anc, scale)
-    return _tree_attention_op(q, k_cache, v_cache, seq_len, anc, float(scale), num_splits or 0)
+    # Enough tickets for the smallest row tile (16 rows), whatever tile the config picks.
+    tickets = _tickets(q.device, B * k_cache.shape[2] * triton.cdiv(Nq * (Hq // k_cache.shape[2]), 16))
+    return _tree_attention_op(q, k_cache, v_cache, seq_len, anc, tickets, float(scale), num_splits or 0)
 
 
 # ---------------------------------------------------------------------------------------------------------
