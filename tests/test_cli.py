@@ -37,7 +37,7 @@ def test_generate_synthetic_text_mode():
         (["--model", "tiny-llama"], "tiny-llama"),  # a preset name without --synthetic is no path
         (["--model", "no-such-preset", "--synthetic"], "unknown preset"),
         (["--model", "tiny-llama", "--draft", "tiny-qwen2", "--synthetic"], "tokenizers differ"),
-        (["--model", "tiny-llama", "--synthetic", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["--model", "tiny-llama", "--synthetic", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["--model", "tiny-llama", "--synthetic", "--max-new-tokens", "1000", "--max-seq-len", "64"], "context"),
     ],
 )

@@ -167,7 +167,7 @@ def test_cli_train_drafter_tau_and_tree_generate(tmp_path):
     assert ar.returncode == 0 and tr.returncode == 0, ar.stderr + tr.stderr
     assert json.loads(tr.stdout)["token_ids"] == json.loads(ar.stdout)["token_ids"]
     bad = _cli(*gen, "--draft-layers", "2", "--tree-budget", "50", "--tree-depth", "3", "--tree-top-k", "2")
-    assert bad.returncode == 2 and "tree_budget must be in 1..10" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "--tree-budget must be in 1..10" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_trees_suite_dry_run_on_cpu(tmp_path):

@@ -17,35 +17,6 @@ def served_name(options: EngineOptions, override: str | None) -> str:
     return override or options.model or EMBEDDED_NAME
 
 
-def describe_engine(engine, load_s: float, warmup_s: float) -> str:
-    """One line of what was loaded (the start-up log line, like vLLM's and SGLang's)."""
-    o = engine.options
-    if o.draft:
-        drafter = f"draft model {o.draft}"
-    elif o.draft_layers:
-        drafter = f"self-draft (first {o.draft_layers} layers)"
-    elif o.ngram_size:
-        drafter = f"prompt lookup (n <= {o.ngram_size})"
-    else:
-        drafter = "none (AR)"
-    mode = (
-        "AR"
-        if not engine.shape.depth
-        else (
-            f"tree (budget {o.tree_budget}, depth {o.tree_depth}, top-k {o.tree_top_k})"
-            if not engine.shape.chain
-            else f"chain (gamma {engine.shape.depth})"
-        )
-    )
-    graphs = "on" if o.cuda_graphs and str(engine.device).startswith("cuda") else "off"
-    return (
-        f"model {o.model or EMBEDDED_NAME}{' (synthetic)' if o.synthetic else ''}, weights {o.weights}, "
-        f"drafter {drafter}, mode {mode}, device {engine.device}, dtype {o.dtype}, KV rows {o.max_batch_size} x "
-        f"{o.max_seq_len} tokens, CUDA graphs {graphs}, "
-        f"compile {'on' if o.compile_on else 'off'}; loaded in {load_s:.1f} s, warm-up {warmup_s:.1f} s"
-    )
-
-
 def run_server(
     options: EngineOptions,
     host: str,
@@ -56,6 +27,7 @@ def run_server(
 ) -> int:
     import uvicorn
 
+    from ..cli import describe_engine
     from ..engine import Engine
     from .app import create_app
 
