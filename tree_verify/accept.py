@@ -58,7 +58,7 @@ class GreedyAccept:
 
 
 def accept_greedy_batched(
-    parents: torch.Tensor, tokens: torch.Tensor, target_argmax: torch.Tensor
+    parents: torch.Tensor, tokens: torch.Tensor, target_argmax: torch.Tensor, anc: torch.Tensor | None = None
 ) -> GreedyAccept:
     """Greedy acceptance for B trees at once; tensor ops only, no host sync.
 
@@ -67,6 +67,7 @@ def accept_greedy_batched(
     parents : [B, N] int64, parent node index (-1 = root), topological
     tokens : [B, N] int64, node tokens
     target_argmax : [B, N + 1] int64, the target's argmax after each block entry
+    anc : optional [B, N + 1, N + 1], ``ancestor_mask(parents)`` when the caller already built it
 
     Returns
     -------
@@ -74,7 +75,8 @@ def accept_greedy_batched(
     """
     B, N = tokens.shape
     dev = tokens.device
-    anc = ancestor_mask(parents)  # [B, N + 1, N + 1]
+    if anc is None:
+        anc = ancestor_mask(parents)  # [B, N + 1, N + 1]
     # The token a node would need: the target's argmax at its parent's block entry.
     wanted = target_argmax.gather(1, parents + 1)
     match = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=dev), tokens == wanted], dim=1)

@@ -183,7 +183,7 @@ def best_first_per_depth(tokens: torch.Tensor, logprobs: torch.Tensor, num_nodes
     )
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+def ancestor_mask(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
     """Ancestor-or-self mask of the verify block ``[root, nodes...]``, root at index 0.
 
     ``anc[i, j]`` is True when block entry j is block entry i or one of its ancestors; node n is block
@@ -192,6 +192,7 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     Parameters
     ----------
     parents : [N] or [B, N] int64, parent node index, -1 for the root's children
+    max_depth : optional bound on any node's depth (a tree of depth D needs D + 1 steps, not N + 1)
 
     Returns
     -------
@@ -202,8 +203,9 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     up = torch.cat([root, parents + 1], dim=-1)  # block index of each entry's parent; the root maps to itself
     ptr = torch.arange(N + 1, device=parents.device).expand(up.shape).clone()
     anc = torch.zeros(up.shape + (N + 1,), dtype=torch.bool, device=parents.device)
-    # A path has at most N edges, so N + 1 marks (self, parent, ..., root) cover every ancestor.
-    for _ in range(N + 1):
+    # A path has at most N edges (at most max_depth), so N + 1 marks (self, parent, ..., root) cover
+    # every ancestor.
+    for _ in range(N + 1 if max_depth is None else min(N, max_depth) + 1):
         anc.scatter_(-1, ptr[..., None], True)
         ptr = up.gather(-1, ptr)
     return anc

@@ -78,6 +78,7 @@ def expand_lattice(
     lp, tok = children(logits)
     parents = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]
     tokens, logprobs, scores = [tok[:, None]], [lp[:, None]], [lp]
+    cand_depth = [torch.ones(k, dtype=torch.long, device=dev)]  # depth of each expansion's children
     # vis[b, e, e'] = expansion e' is e or one of its ancestors (slot seq_len + e' is visible to e).
     vis = torch.zeros(B, E, E, dtype=torch.bool, device=dev)
     vis[:, 0, 0] = True
@@ -108,7 +109,17 @@ def expand_lattice(
         tokens.append(tok)
         logprobs.append(lp)
         scores += list((base[:, :, None] + lp).unbind(1))
-    lattice = Lattice(torch.cat(parents, 1), torch.cat(tokens, 1), torch.cat(logprobs, 1), check=False)
+        cand_depth.append(torch.full((k * k,), d + 1, dtype=torch.long, device=dev))
+    # The path scores were summed as the lattice grew (parent score + edge, the order candidate_scores
+    # adds in, so the numbers are the same), and every child of a depth-d expansion has depth d + 1.
+    lattice = Lattice(
+        torch.cat(parents, 1),
+        torch.cat(tokens, 1),
+        torch.cat(logprobs, 1),
+        check=False,
+        scores=torch.cat(scores, 1),
+        depths=torch.cat(cand_depth).expand(B, -1),
+    )
     return lattice, expanded_by, (torch.stack(qs, 1) if qs else None)
 
 

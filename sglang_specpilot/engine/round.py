@@ -165,7 +165,7 @@ class Round:
         if parents is None:
             anc, depth = self._chain_anc, self._chain_depth
         else:
-            anc = ancestor_mask(parents)
+            anc = ancestor_mask(parents, D)
             depth = torch.cat([torch.zeros_like(parents[:, :1]), anc[:, 1:].sum(-1) - 1], 1)
         logits = self.target.forward(block, seq[:, None] + depth, slots, seq, anc, kv_len)
         if parents is None:  # chain: the accepted nodes are a prefix, nothing moves
@@ -183,7 +183,7 @@ class Round:
             accepted = block[:, : D + 1]
         else:
             if bs.all_greedy:
-                res = accept_greedy_batched(parents, accept_tokens, logits.argmax(-1))
+                res = accept_greedy_batched(parents, accept_tokens, logits.argmax(-1), anc)
             else:
                 res = accept_sampling_batched(
                     parents, accept_tokens, probs_from_logits(logits, bs), bs.generator, self.shape.top_k, D

@@ -154,6 +154,7 @@ class ModelRunner:
             kv_len = min(self.max_seq, _round_up(max_len_hint + N, 64))
         return self._forward(tokens, seq_len, anc, depth, kv_len, logit_rows)
 
+    @torch.inference_mode()
     def forward(self, tokens, positions, slots, seq_len, anc, kv_len: int | None = None) -> torch.Tensor:
         """One step of a speculative round (capturable: no host sync, shapes fixed by the round).
 
