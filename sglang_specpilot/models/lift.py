@@ -178,7 +178,9 @@ class LiftPlan:
 
     def __init__(self, small: ModelConfig, big_shape: dict, label: str):
         s = small
-        shape = {k: big_shape[k] for k in _SHAPE_KEYS}
+        known = {f for f in ModelConfig.__dataclass_fields__}
+        ref = ModelConfig(**{k: v for k, v in big_shape.items() if k in known and k != "name"})
+        shape = {k: getattr(ref, k) for k in _SHAPE_KEYS}
         if s.arch != "llama" or s.attention_bias or s.qk_norm:
             raise ValueError(f"only Llama-architecture models lift (got {s.arch})")
         if s.rope_scaling not in (None, {}) and (s.rope_scaling or {}).get("rope_type", "default") != "default":
@@ -249,10 +251,9 @@ class _Draw:
         return torch.Generator(device=self.device).manual_seed(zlib.crc32(f"{self.seed}:{key}".encode()))
 
     def normal(self, shape, key: str, std: float | torch.Tensor = 1.0) -> torch.Tensor:
-        out = torch.empty(shape, device=self.device, dtype=torch.float32)
-        if isinstance(std, torch.Tensor) and std.numel() > 1:
-            return out.normal_(0.0, 1.0, generator=self.gen(key)).mul_(std)
-        return out.normal_(0.0, float(std), generator=self.gen(key))
+        out = torch.empty(shape, device=self.device, dtype=torch.float32).normal_(generator=self.gen(key))
+        out.masked_fill_(out == 0, 1.0)  # the generator can return an exact 0.0; the lift adds no zeros
+        return out.mul_(std if isinstance(std, torch.Tensor) else float(std))
 
     def tiny(self, shape, key: str) -> torch.Tensor:
         return self.normal(shape, key, TINY)
@@ -509,7 +510,9 @@ def _fill(model: Transformer, pending: dict[str, torch.Tensor]) -> None:
 # ---- folders and the command -----------------------------------------------------------------------------
 
 
-def load_small(model: str | None, target: str | None = None, device="cpu") -> tuple[Transformer, object]:
+def load_small(
+    model: str | None, target: str | None = None, device="cpu", max_positions: int = 1
+) -> tuple[Transformer, object]:
     """(small model in fp32, tokenizer) from a GGUF / folder (default: the embedded SmolLM2), or from a
     shared-head drafter folder, which takes its embedding and head from ``target`` (default: SmolLM2)."""
     from ..drafters import is_shared_drafter, load_shared_drafter
@@ -518,7 +521,7 @@ def load_small(model: str | None, target: str | None = None, device="cpu") -> tu
 
     def read(path):
         cfg, sd, tok = load_model_files(path or default_model_path())
-        return build_model(cfg, state_dict=sd, device=device, max_positions=1), tok
+        return build_model(cfg, state_dict=sd, device=device, max_positions=max_positions), tok
 
     if is_shared_drafter(model):
         tgt, tok = read(target)
@@ -559,16 +562,19 @@ def save_lifted(
     total = k + 1
     fname = [f"model-{i + 1:05d}-of-{total:05d}.safetensors" for i in range(total)]
     meta = {"format": "pt", "specpilot": cfg.name}
-    buf: dict[str, torch.Tensor] = {}
-    cur = 0
+    bufs: list[dict[str, torch.Tensor]] = [{} for _ in range(total)]
+    left = [sum(1 for n in order if shard_of[n] == i) for i in range(total)]
     for name, t in it:
-        if shard_of[name] != cur:
-            save_file(buf, str(out / fname[cur]), metadata=meta)
+        i = shard_of[name]
+        bufs[i][name] = t.to(dtype).cpu().contiguous()
+        left[i] -= 1
+        if left[i] == 0:  # a shard is written as soon as its last tensor is made
+            save_file(bufs[i], str(out / fname[i]), metadata=meta)
+            bufs[i] = {}
             if log:
-                log(f"wrote {fname[cur]}")
-            buf, cur = {}, shard_of[name]
-        buf[name] = t.to(dtype).cpu().contiguous()
-    save_file(buf, str(out / fname[cur]), metadata=meta)
+                log(f"wrote {fname[i]}")
+    if any(left):
+        raise RuntimeError(f"lift did not produce every tensor ({sum(left)} missing)")
     index = {"metadata": {"total_size": sum(nbytes.values()), "specpilot": cfg.name},
              "weight_map": {n: fname[shard_of[n]] for n in order}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
