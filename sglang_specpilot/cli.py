@@ -630,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="run a benchmark suite (specpilot bench --list; specpilot bench SUITE --help)",
                    add_help=False)  # fmt: skip
     sub.add_parser("w12", help="W12 checkpoints: convert SRC DST [--verify] | verify DST", add_help=False)
+    sub.add_parser("lift", help="lift SmolLM2 into Llama-3.1-8B / 3.2-1B shapes (timing stand-in folder)",
+                   add_help=False)  # fmt: skip
     sub.add_parser("sglang-hook", help="SGLang 0.5 start-up hook: install | uninstall | status", add_help=False)
     return parser
 
@@ -665,6 +667,10 @@ def _dispatch(argv: list[str]) -> int:
         from w12.cli import main as w12_main
 
         return w12_main(argv[1:])
+    if argv[:1] == ["lift"]:
+        from .models.lift import main as lift_main
+
+        return lift_main(argv[1:])
     if argv[:1] == ["sglang-hook"]:
         from .sglang_plugin.hook_install import main as hook_main
 

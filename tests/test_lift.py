@@ -19,7 +19,15 @@ from conftest import needs_smollm2
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
 from sglang_specpilot.models.errors import expected_shapes
-from sglang_specpilot.models.lift import SHAPES, _Lifter, lift_model, load_small, plan_lift, save_lifted
+from sglang_specpilot.models.lift import (
+    SHAPES,
+    _Lifter,
+    lift_model,
+    load_small,
+    plan_lift,
+    save_lifted,
+    sequence_logits,
+)
 from sglang_specpilot.models.presets import preset_config
 from sglang_specpilot.models.rope import rope_inv_freq
 
@@ -51,18 +59,7 @@ def _greedy(model, tok, prompts, new=NEW):
 
 
 def _logits(model, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """Full-sequence logits [N, vocab] of each sequence (one causal prefill each)."""
-    c = model.cfg
-    out = []
-    for ids in seqs:
-        n, G = len(ids), c.num_heads // c.num_kv_heads
-        kv = [(torch.zeros(1, n, c.num_kv_heads, c.head_dim), torch.zeros(1, n, c.num_kv_heads, c.head_dim))
-              for _ in range(c.num_layers)]
-        mask = torch.ones(n, n, dtype=torch.bool).tril().repeat_interleave(G, 0)[None, None]
-        pos = torch.arange(n)[None]
-        with torch.no_grad():
-            out.append(model(torch.tensor([ids]), pos, pos, mask, kv)[0])
-    return out
+    return [sequence_logits(model, ids) for ids in seqs]
 
 
 @pytest.fixture(scope="module")

@@ -274,11 +274,11 @@ def _row_std(w: torch.Tensor) -> torch.Tensor:
     return torch.where(std > 0, std, _std(w).clamp_min(1e-3))
 
 
-def _widen(small: torch.Tensor, K: int, cols: torch.Tensor, rnd: _Draw, key: str) -> torch.Tensor:
-    """Rows of ``small`` [n, k] as rows of K columns: its values at ``cols``, random normal at the row's
-    scale elsewhere (columns whose input is always ~0)."""
+def _widen(small: torch.Tensor, K: int, rnd: _Draw, key: str) -> torch.Tensor:
+    """Rows of ``small`` [n, k] as rows of K columns: its values in columns 0..k-1 (the live dims), random
+    normal at the row's scale in the others (columns whose input is always ~0)."""
     out = rnd.normal((small.shape[0], K), key, _row_std(small))
-    out[:, cols] = small.float()
+    out[:, : small.shape[1]] = small.float()
     return out
 
 
@@ -329,7 +329,7 @@ class _Lifter:
         else:
             q = rnd.tiny((qn, H), key + "q")  # dead dims of live heads
             small_q = [
-                _widen(q_s[self.small_rows(i)], H, self.live, rnd, key + f"q{i}") * p.q_scale
+                _widen(q_s[self.small_rows(i)], H, rnd, key + f"q{i}") * p.q_scale
                 for i in range(s.num_heads)
             ]
             for bh, sh in enumerate(p.q_src):
@@ -340,8 +340,8 @@ class _Lifter:
             k = rnd.normal((kvn, H), key + "k", sk)
             v = rnd.tiny((kvn, H), key + "v")
             for h in range(s.num_kv_heads):
-                k[self.head_rows(h)] = _widen(k_s[self.small_rows(h)], H, self.live, rnd, key + f"k{h}")
-                v[self.head_rows(h)] = _widen(v_s[self.small_rows(h)], H, self.live, rnd, key + f"v{h}")
+                k[self.head_rows(h)] = _widen(k_s[self.small_rows(h)], H, rnd, key + f"k{h}")
+                v[self.head_rows(h)] = _widen(v_s[self.small_rows(h)], H, rnd, key + f"v{h}")
             o = rnd.tiny((H, qn), key + "o")
             o_live = rnd.normal((s.hidden_size, qn), key + "ol", _row_std(o_s))
             for bh, sh in enumerate(p.q_src):
@@ -350,12 +350,11 @@ class _Lifter:
             o[: s.hidden_size] = o_live
             I_s = s.intermediate_size
             gate = rnd.normal((b.intermediate_size, H), key + "gate", sg)
-            gate[:I_s] = _widen(gate_s, H, self.live, rnd, key + "gl")
+            gate[:I_s] = _widen(gate_s, H, rnd, key + "gl")
             up = rnd.tiny((b.intermediate_size, H), key + "up")
-            up[:I_s] = _widen(up_s, H, self.live, rnd, key + "ul")
+            up[:I_s] = _widen(up_s, H, rnd, key + "ul")
             down = rnd.tiny((H, b.intermediate_size), key + "down")
-            down[: s.hidden_size] = _widen(down_s, b.intermediate_size, torch.arange(I_s, device=self.device), rnd,
-                                           key + "dl")
+            down[: s.hidden_size] = _widen(down_s, b.intermediate_size, rnd, key + "dl")
             out |= {
                 pre + "self_attn.q_proj.weight": q,
                 pre + "self_attn.k_proj.weight": k,
@@ -404,7 +403,7 @@ class _Lifter:
         out = torch.empty((b.vocab_size, p.H), device=self.device)
         for lo in range(0, s.vocab_size, 8192):
             hi = min(lo + 8192, s.vocab_size)
-            out[lo:hi] = _widen(w_s[lo:hi], p.H, self.live, self.rnd, f"head.{lo}")
+            out[lo:hi] = _widen(w_s[lo:hi], p.H, self.rnd, f"head.{lo}")
         out[: s.vocab_size, p.h] = self.rnd.tiny((s.vocab_size,), "head.d0")
         self._extra_rows(out, "head")
         extra = out[s.vocab_size :]
@@ -505,6 +504,19 @@ def _fill(model: Transformer, pending: dict[str, torch.Tensor]) -> None:
         for param, names in groups.items():
             if name in names and all(n in pending for n in names):
                 param.copy_(torch.cat([pending.pop(n) for n in names]))
+
+
+@torch.no_grad()
+def sequence_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
+    """Logits [len(ids), vocab] of one causal prefill of ``ids`` (fresh caches, SDPA, any device): the
+    teacher-forced scores the tests and ``benchmarks/lift_check.py`` compare lifted and small models by."""
+    c, dev = model.cfg, model.embed.weight.device
+    n, G = len(ids), c.num_heads // c.num_kv_heads
+    shape = (1, n, c.num_kv_heads, c.head_dim)
+    kv = [(model.embed.weight.new_zeros(shape), model.embed.weight.new_zeros(shape)) for _ in range(c.num_layers)]
+    mask = torch.ones(n, n, dtype=torch.bool, device=dev).tril().repeat_interleave(G, 0)[None, None]
+    pos = torch.arange(n, device=dev)[None]
+    return model(torch.tensor([ids], device=dev), pos, pos, mask, kv)[0]
 
 
 # ---- folders and the command -----------------------------------------------------------------------------
@@ -617,4 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["SHAPES", "LiftPlan", "lift_model", "lifted_tensors", "plan_lift", "save_lifted", "load_small", "main"]
+__all__ = [
+    "SHAPES", "LiftPlan", "lift_model", "lifted_tensors", "plan_lift", "save_lifted", "load_small", "sequence_logits",
+    "main",
+]
