@@ -15,17 +15,27 @@ Each file's safetensors metadata (str -> str) describes the tensors it holds:
     "w12.tensors": JSON {name: {"kind": "w12" | "raw", "shape": [...], "dtype": "bfloat16",
                                "source_dtype": "float32", "sha256": "<hex>"}}
     "w12.source": JSON, informational (what was converted, how it was cast)
+    "w12.manifest": JSON {"conversion": "<random id>", "tensors": [every tensor name, in all files],
+                          "side_files": {"config.json": "<sha256 hex>", tokenizer files ...}}
 
 ``sha256`` is over the original tensor's bytes after the cast to BF16: the row-major little-endian bytes a
 safetensors file would hold for it. A W12 tensor is decoded before hashing, so a flipped bit anywhere in
 its planes or escapes changes the hash; a truncated or padded file is refused by safetensors itself.
+``digest`` binds the same bytes to the tensor's name, dtype and shape (sha256 of ``name \0 dtype \0 shape
+\0 bytes``), so two tensors whose names were swapped, or a dtype relabelled in both headers, are refused
+although their bytes are intact. The manifest (the same in every file) names every tensor and hashes the
+side files, so a removed tensor, shard or index entry, and an edited or missing config.json or tokenizer
+file, are refused by ``w12 verify`` and by the loader alike. Folders written before ``digest`` and the
+manifest existed (no such keys) are still read, with only the checks they allow.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +51,7 @@ SINGLE_FILE = "model.w12.safetensors"
 INDEX_FILE = "model.w12.safetensors.index.json"
 PLANES = ("hi", "lo", "base", "esc_idx", "esc_val")
 _META_VERSION, _META_TENSORS, _META_SOURCE = "w12.format_version", "w12.tensors", "w12.source"
+_META_MANIFEST = "w12.manifest"
 
 
 def plane_key(name: str, plane: str) -> str:
@@ -60,6 +71,30 @@ def tensor_sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(flat.view(torch.uint8).numpy().data).hexdigest()
 
 
+def tensor_digest(name: str, t: torch.Tensor) -> str:
+    """sha256 hex binding ``t``'s bytes to its name, dtype and shape (see the module docstring)."""
+    h = hashlib.sha256(f"{name}\0{_dtype_name(t.dtype)}\0{list(t.shape)}\0".encode())
+    h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def side_file_manifest(folder: Path, names: list[str], tensors: list[str]) -> dict:
+    """The manifest a converted folder's files carry: every tensor name and the side files' hashes."""
+    return {
+        "conversion": uuid.uuid4().hex,  # shards of two conversions of the same model do not mix
+        "tensors": sorted(tensors),
+        "side_files": {n: file_sha256(folder / n) for n in sorted(names)},
+    }
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -73,6 +108,7 @@ def pack_tensor(name: str, t: torch.Tensor, source_dtype: torch.dtype | None = N
         "dtype": _dtype_name(t.dtype),
         "source_dtype": _dtype_name(source_dtype or t.dtype),
         "sha256": tensor_sha256(t),
+        "digest": tensor_digest(name, t),
     }
     if not is_w12_weight(t):
         return {"kind": "raw", **entry}, {name: t.detach().contiguous().cpu()}, None
@@ -81,7 +117,9 @@ def pack_tensor(name: str, t: torch.Tensor, source_dtype: torch.dtype | None = N
     return {"kind": "w12", **entry}, planes, w12
 
 
-def write_file(path: Path, entries: dict[str, dict], tensors: dict[str, torch.Tensor], source: dict) -> None:
+def write_file(
+    path: Path, entries: dict[str, dict], tensors: dict[str, torch.Tensor], source: dict, manifest: dict | None = None
+) -> None:
     """Write one W12 safetensors file holding ``tensors`` described by ``entries``."""
     metadata = {
         "format": "pt",
@@ -89,6 +127,8 @@ def write_file(path: Path, entries: dict[str, dict], tensors: dict[str, torch.Te
         _META_TENSORS: json.dumps(entries, separators=(",", ":")),
         _META_SOURCE: json.dumps(source, separators=(",", ":")),
     }
+    if manifest is not None:
+        metadata[_META_MANIFEST] = json.dumps(manifest, separators=(",", ":"))
     save_file(tensors, str(path), metadata=metadata)
 
 
@@ -125,15 +165,15 @@ def _open(file: Path):
         source = json.loads(meta.get(_META_SOURCE, "{}"))
     except (KeyError, ValueError) as e:
         raise W12FormatError(f"{file}: unreadable {_META_TENSORS} metadata: {e}") from e
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise W12FormatError(f"{file}: {_META_TENSORS} metadata is not an object of tensor entries")
     expected = set()
     for name, entry in entries.items():
         expected |= {plane_key(name, p) for p in PLANES} if entry.get("kind") == "w12" else {name}
     keys = set(handle.keys())
     if keys != expected:
         missing, extra = sorted(expected - keys), sorted(keys - expected)
-        raise W12FormatError(
-            f"{file}: tensors do not match its metadata: missing {missing[:5]}, extra {extra[:5]}"
-        )
+        raise W12FormatError(f"{file}: tensors do not match its metadata: missing {missing[:5]}, extra {extra[:5]}")
     return handle, entries, source
 
 
@@ -143,6 +183,11 @@ def check_hash(name: str, decoded: torch.Tensor, entry: dict) -> None:
         raise W12FormatError(
             f"tensor {name}: sha256 of the decoded tensor {got[:16]}... does not match the stored "
             f"{str(entry.get('sha256'))[:16]}...: the file is corrupt"
+        )
+    if "digest" in entry and tensor_digest(name, decoded) != entry["digest"]:
+        raise W12FormatError(
+            f"tensor {name}: its bytes are intact but its name, dtype ({_dtype_name(decoded.dtype)}) or shape "
+            f"{list(decoded.shape)} is not the one they were converted under (renamed, swapped or relabelled)"
         )
 
 
@@ -217,11 +262,86 @@ def iter_w12_folder(
             yield name, value, entry
     if weight_map is not None and set(weight_map) - seen:
         fail(f"{path}: {INDEX_FILE} lists tensors no file holds: {sorted(set(weight_map) - seen)[:5]}")
+    for problem in manifest_problems(path, files, seen, weight_map):
+        fail(problem)
 
 
-def load_w12_folder(
-    path: str | Path, verify_hashes: bool = True
-) -> tuple[dict[str, W12Tensor | torch.Tensor], dict]:
+def _manifest(file: Path) -> str | None:
+    try:
+        with safe_open(str(file), framework="pt") as h:
+            return (h.metadata() or {}).get(_META_MANIFEST)
+    except Exception:  # an unreadable file was reported when it was opened
+        return None
+
+
+def has_manifest(path: str | Path) -> bool:
+    """Whether a converted folder's files carry the manifest (folders converted before it do not)."""
+    try:
+        files, _ = w12_files(Path(path))
+    except W12FormatError:
+        return False
+    return all(_manifest(f) is not None for f in files)
+
+
+def manifest_problems(path: Path, files: list[Path], seen: set[str], weight_map: dict | None) -> list[str]:
+    """What the folder lacks or changed against the manifest its files carry (none for legacy folders)."""
+    raw = {f.name: _manifest(f) for f in files}
+    present = {k: v for k, v in raw.items() if v is not None}
+    if not present:
+        return []  # written before manifests existed
+    if len(set(present.values())) > 1 or len(present) != len(raw):
+        groups: dict[str | None, list[str]] = {}
+        for name, m in raw.items():
+            groups.setdefault(m, []).append(name)
+        odd = sorted(min(groups.values(), key=len))
+        return [f"{path}: {', '.join(odd)} carr{'ies' if len(odd) == 1 else 'y'} a different manifest (or none) than "
+                f"the other files: shards of different conversions are mixed"]  # fmt: skip
+    try:
+        manifest = json.loads(next(iter(present.values())))
+        tensors, side = set(manifest["tensors"]), dict(manifest["side_files"])
+    except (ValueError, KeyError, TypeError) as e:
+        return [f"{path}: unreadable {_META_MANIFEST} metadata: {e}"]
+    problems = []
+    missing = sorted(tensors - seen)
+    if missing:
+        where = f"({INDEX_FILE} and its shards)" if weight_map is not None else f"({files[0].name})"
+        problems.append(f"{path}: {len(missing)} tensor(s) the checkpoint was converted with are missing {where}: "
+                        f"{missing[:5]}")  # fmt: skip
+    extra = sorted(seen - tensors)
+    if extra:
+        problems.append(f"{path}: tensor(s) not in the manifest: {extra[:5]}")
+    for name, digest in sorted(side.items()):
+        f = path / name
+        if not f.is_file():
+            problems.append(f"{path}: side file {name} is missing (the conversion wrote it; the model needs it)")
+        elif file_sha256(f) != digest:
+            problems.append(f"{path}: side file {name} was edited or is corrupt (its sha256 differs from the one "
+                            "recorded at conversion)")  # fmt: skip
+    problems += config_problems(path, tensors)
+    return problems
+
+
+def config_problems(path: Path, tensors: set[str]) -> list[str]:
+    """The tensor set config.json implies (layers 0 .. num_hidden_layers - 1, an lm_head unless tied)."""
+    f = path / "config.json"
+    if not f.is_file():
+        return []
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+        n = int(cfg.get("num_hidden_layers", cfg.get("n_layer", -1)))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return [f"{f}: not a readable config: {e}"]
+    layers = {int(m.group(1)) for t in tensors if (m := re.match(r"model\.layers\.(\d+)\.", t))}
+    problems = []
+    if n >= 0 and layers != set(range(n)):
+        problems.append(f"{f}: num_hidden_layers is {n} but the tensors hold layers "
+                        f"{min(layers, default=0)}..{max(layers, default=-1)} ({len(layers)} layers)")  # fmt: skip
+    if not cfg.get("tie_word_embeddings", False) and tensors and "lm_head.weight" not in tensors:
+        problems.append(f"{f}: tie_word_embeddings is false but the checkpoint has no lm_head.weight")
+    return problems
+
+
+def load_w12_folder(path: str | Path, verify_hashes: bool = True) -> tuple[dict[str, W12Tensor | torch.Tensor], dict]:
     """Load a converted folder: every 2-D weight as a :class:`W12Tensor`, every other tensor as stored.
 
     With ``verify_hashes`` each tensor is decoded and its sha256 compared with the stored one (about 0.1 s

@@ -23,7 +23,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from w12.checkpoint import INDEX_FILE, SINGLE_FILE, iter_w12_folder, pack_tensor, write_file
+from w12.checkpoint import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    iter_w12_folder,
+    pack_tensor,
+    side_file_manifest,
+    write_file,
+)
 from w12.codec import W12FormatError, decode, to_bf16_exact
 from w12.format import W12Tensor
 from w12.progress import Progress
@@ -77,13 +84,9 @@ class ConvertReport:
             f"  side files: {', '.join(self.side_files) or 'none'}",
         ]
         if self.rounded_tensors:
-            lines.append(
-                f"  {len(self.rounded_tensors)} tensors rounded to bfloat16 (hashes cover the rounded values)"
-            )
+            lines.append(f"  {len(self.rounded_tensors)} tensors rounded to bfloat16 (hashes cover the rounded values)")
         if self.verified:
-            lines.append(
-                "  verified: every tensor decodes bit for bit to the BF16 source and matches its hash"
-            )
+            lines.append("  verified: every tensor decodes bit for bit to the BF16 source and matches its hash")
         return "\n".join(lines)
 
 
@@ -129,9 +132,7 @@ def _safetensors_source(path: Path) -> Source:
             handles[file] = h = safe_open(str(file), framework="pt")
             for name in h.keys():
                 if name in owner:
-                    raise W12FormatError(
-                        f"{path}: tensor {name} is in both {owner[name].name} and {file.name}"
-                    )
+                    raise W12FormatError(f"{path}: tensor {name} is in both {owner[name].name} and {file.name}")
                 owner[name] = file
                 shape = h.get_slice(name).get_shape()
                 numel[name] = math.prod(shape)
@@ -171,9 +172,7 @@ def _prepare_dst(dst: Path, src: Path, force: bool) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     old = _old_files(dst)
     if old and not force:
-        raise W12FormatError(
-            f"{dst}: already holds a W12 checkpoint ({old[0].name}); pass force=True / --force"
-        )
+        raise W12FormatError(f"{dst}: already holds a W12 checkpoint ({old[0].name}); pass force=True / --force")
 
 
 def convert(
@@ -209,13 +208,15 @@ def convert(
         "cast": "exact" if exact else "round-to-nearest-even",
     }
     report = ConvertReport(dst=dst)
+    # Side files first: their hashes go into every shard's manifest, with the name of every tensor.
+    report.side_files = source.write_side_files(dst)
+    manifest = side_file_manifest(dst, report.side_files, list(source.numel))
     bar = Progress(sum(source.numel.values()), "w12 convert", enabled=progress)
-    shard = _ShardWriter(dst, info)
+    shard = _ShardWriter(dst, info, manifest)
     try:
         report.files = _convert_tensors(source, shard, report, bar, exact, max_shard_bytes)
     finally:
         shard.discard()  # whatever did not reach finish(): an old checkpoint in dst is kept in that case
-    report.side_files = source.write_side_files(dst)
     bar.close(f"{report.w12_tensors + report.raw_tensors} tensors")
     if verify:
         verify_against_source(dst, source, exact, progress=progress)
@@ -257,8 +258,8 @@ class _ShardWriter:
     """Writes shards as they fill, under temporary names; ``finish`` renames them all at the end, so an
     interrupted conversion leaves no folder that looks complete."""
 
-    def __init__(self, dst: Path, info: dict):
-        self.dst, self.info = dst, info
+    def __init__(self, dst: Path, info: dict, manifest: dict | None = None):
+        self.dst, self.info, self.manifest = dst, info, manifest
         self.entries: dict[str, dict] = {}
         self.tensors: dict[str, torch.Tensor] = {}
         self.nbytes = 0
@@ -277,7 +278,7 @@ class _ShardWriter:
             f.unlink()
 
     def flush(self) -> None:
-        write_file(self._partial(len(self.written)), self.entries, self.tensors, self.info)
+        write_file(self._partial(len(self.written)), self.entries, self.tensors, self.info, self.manifest)
         self.written.append(self.entries)
         self.entries, self.tensors, self.nbytes = {}, {}, 0
 
@@ -287,9 +288,7 @@ class _ShardWriter:
         for f in _old_files(self.dst):  # replaced only now that the new checkpoint is complete
             f.unlink()
         n = len(self.written)
-        names = (
-            [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.w12.safetensors" for i in range(n)]
-        )
+        names = [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.w12.safetensors" for i in range(n)]
         for i, name in enumerate(names):
             self._partial(i).rename(self.dst / name)
         if n > 1:
@@ -302,14 +301,10 @@ class _ShardWriter:
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    return torch.equal(
-        a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8)
-    )
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
 
 
-def verify_against_source(
-    dst: str | Path, source: Source | str | Path, exact: bool = False, progress=True
-) -> None:
+def verify_against_source(dst: str | Path, source: Source | str | Path, exact: bool = False, progress=True) -> None:
     """Decode every tensor of ``dst`` and compare it bit for bit with ``source`` cast to BF16 as
     :func:`convert` casts it, and with its stored hash. Raises :class:`W12FormatError` naming the tensor."""
     if not isinstance(source, Source):
