@@ -82,6 +82,9 @@ def expand_lattice(
     # vis[b, e, e'] = expansion e' is e or one of its ancestors (slot seq_len + e' is visible to e).
     vis = torch.zeros(B, E, E, dtype=torch.bool, device=dev)
     vis[:, 0, 0] = True
+    # Diagonal rows as a device tensor: an index_put of a Python True would copy a host scalar, which a
+    # CUDA graph capture refuses.
+    eye = torch.eye(E, dtype=torch.bool, device=dev)
     expanded_by = torch.full((B, E * k), -1, dtype=torch.long, device=dev)
     ar = torch.arange(k, device=dev)
     for d in range(1, depth):
@@ -96,8 +99,7 @@ def expand_lattice(
         e_ids = 1 + (d - 1) * k + ar  # [k] expansion indices
         expanded_by.scatter_(1, cand, e_ids.expand(B, k))
         parent_exp = cand // k
-        vis[:, e_ids] = vis.gather(1, parent_exp[:, :, None].expand(B, k, E))
-        vis[:, e_ids, e_ids] = True
+        vis[:, e_ids] = vis.gather(1, parent_exp[:, :, None].expand(B, k, E)) | eye[e_ids]
         all_tokens = torch.cat(tokens, 1).flatten(1)
         x = all_tokens.gather(1, cand)
         pos = (seq_len + d)[:, None].expand(B, k)
