@@ -341,3 +341,187 @@ def test_clean_folders_load(folders):
     for which in ("single", "sharded"):
         config, sd, _ = load_model_files(folders[which])
         assert config.num_layers == 4 and len(sd) == 3 + 4 * 9  # embed, norm, lm_head, 4 layers x 9
+
+
+# ---- GGUF -------------------------------------------------------------------------------------------------
+# GGUF has no checksum (by design), so the loader refuses what structure and values can reveal: non-finite
+# scales and norms, tensor types or offsets that no longer tile the data section, token ids out of range,
+# a tokenizer that cannot be built. A bit flipped inside quantized data or a float's mantissa, or a type
+# relabelled to one of the same size (F16 <-> BF16), still decodes to finite numbers: undetectable.
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> Path:
+    from gguf import GGMLQuantizationType as Q
+    from test_gguf import _tiny_config, _write_gguf
+
+    cfg = _tiny_config("llama", tied=False)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    _write_gguf(path, cfg, qtype=Q.Q8_0, tokenizer=Tokenizer.synthetic(cfg.vocab_size))
+    return path
+
+
+def _reader(path: Path):
+    from gguf import GGUFReader
+
+    return GGUFReader(path, "r+")
+
+
+def _tensor(reader, name: str):
+    return next(t for t in reader.tensors if t.name == name)
+
+
+def poke_data(name: str, at: int, value: bytes):
+    """Overwrite bytes ``at`` .. inside tensor ``name``'s data (a negative ``at`` counts from its end)."""
+
+    def run(path: Path) -> None:
+        r = _reader(path)
+        t = _tensor(r, name)
+        start = t.data_offset + (at if at >= 0 else t.n_bytes + at)
+        r.data[start : start + len(value)] = list(value)
+        r.data.flush()
+
+    return run
+
+
+def tensor_info(name: str, part: int, value: int):
+    """Tensor info parts: [name length, name, n_dims, dims, type, offset (relative to the data section)]."""
+
+    def run(path: Path) -> None:
+        r = _reader(path)
+        field = _tensor(r, name).field
+        field.parts[part][0] = value
+        r.data.flush()
+
+    return run
+
+
+def shift_offset(name: str, delta: int):
+    def run(path: Path) -> None:
+        r = _reader(path)
+        field = _tensor(r, name).field
+        field.parts[5][0] = int(field.parts[5][0]) + delta
+        r.data.flush()
+
+    return run
+
+
+def same_offset(a: str, b: str):
+    def run(path: Path) -> None:
+        r = _reader(path)
+        _tensor(r, b).field.parts[5][0] = int(_tensor(r, a).field.parts[5][0])
+        r.data.flush()
+
+    return run
+
+
+def meta_value(key: str, value: int):
+    def run(path: Path) -> None:
+        r = _reader(path)
+        f = r.fields[key]
+        f.parts[f.data[0]][0] = value
+        r.data.flush()
+
+    return run
+
+
+def rename_token(index: int, new: bytes):
+    """Overwrite token ``index``'s string with ``new`` of the same length (keeps the file's layout)."""
+
+    def run(path: Path) -> None:
+        r = _reader(path)
+        f = r.fields["tokenizer.ggml.tokens"]
+        part = f.parts[f.data[index]]
+        assert len(part) == len(new)
+        part[:] = list(new)
+        r.data.flush()
+
+    return run
+
+
+def break_a_merge(path: Path) -> None:
+    """Make one merge name a token that is not in the vocabulary (same byte length: the layout stays)."""
+    r = _reader(path)
+    f = r.fields["tokenizer.ggml.merges"]
+    for d in f.data:
+        text = bytes(f.parts[d]).decode()
+        first = text.split(" ", 1)[0]
+        if len(first.encode()) == 2:
+            f.parts[d][:2] = list("ʬ".encode())
+            r.data.flush()
+            return
+    raise AssertionError("no merge with a 2-byte first token")
+
+
+NAN32, INF32, NAN16, INF16 = b"\x00\x00\xc0\x7f", b"\x00\x00\x80\x7f", b"\x00\x7e", b"\x00\x7c"
+F32, Q8_0, Q4_0 = 0, 8, 2
+
+GGUF_REFUSED = {
+    "nan-final-norm": poke_data("output_norm.weight", 8, NAN32),
+    "inf-attn-norm": poke_data("blk.0.attn_norm.weight", 0, INF32),
+    "neg-inf-ffn-norm": poke_data("blk.1.ffn_norm.weight", -4, b"\x00\x00\x80\xff"),
+    "nan-q8-scale-embed": poke_data("token_embd.weight", 0, NAN16),  # a Q8_0 block starts with its fp16 scale
+    "inf-q8-scale-q": poke_data("blk.0.attn_q.weight", 34, INF16),  # the second block's scale
+    "nan-q8-scale-head": poke_data("output.weight", 34 * 5, NAN16),
+    "nan-q8-scale-down": poke_data("blk.1.ffn_down.weight", 0, NAN16),
+    "type-q8-to-q4": tensor_info("blk.0.attn_k.weight", 4, Q4_0),
+    "type-f32-to-q8": tensor_info("output_norm.weight", 4, Q8_0),
+    "type-q8-to-f32": tensor_info("blk.1.attn_v.weight", 4, F32),
+    "type-unknown": tensor_info("blk.0.attn_v.weight", 4, 99),
+    "offset-plus-align": shift_offset("blk.0.attn_q.weight", 32),
+    "offset-minus-align": shift_offset("blk.1.ffn_up.weight", -32),
+    "offset-unaligned": shift_offset("blk.0.ffn_gate.weight", 4),
+    "offset-overlap": same_offset("blk.0.attn_q.weight", "blk.0.attn_k.weight"),
+    "offset-past-end": shift_offset("output.weight", 1 << 30),
+    "bos-out-of-range": meta_value("tokenizer.ggml.bos_token_id", 5000),
+    "eos-out-of-range": meta_value("tokenizer.ggml.eos_token_id", 300),
+    "block-count": meta_value("llama.block_count", 3),
+    "vocab-size-small": meta_value("llama.vocab_size", 200),
+    "head-count": meta_value("llama.attention.head_count", 3),
+    "merge-unknown-token": "merge",
+}
+
+GGUF_UNDETECTABLE = {  # they load; what they change cannot be told from the file
+    "flip-q8-quant": poke_data("blk.0.ffn_up.weight", 10, b"\x55"),
+    "flip-f32-mantissa": poke_data("blk.0.attn_norm.weight", 0, b"\x01"),
+}
+
+
+def test_the_gguf_corpus_is_big_enough():
+    assert len(GGUF_REFUSED) >= 20
+
+
+@pytest.mark.parametrize("case", sorted(GGUF_REFUSED))
+def test_gguf_corruption_is_refused(case, gguf_file, tmp_path):
+    path = tmp_path / "bad.gguf"
+    shutil.copy(gguf_file, path)
+    load_model_files(path)  # the clean copy loads
+    corrupt = GGUF_REFUSED[case]
+    if corrupt == "merge":  # a merge naming a token that is not in the vocabulary: the BPE cannot be built
+        break_a_merge(path)
+    else:
+        corrupt(path)
+    with pytest.raises(ValueError) as e:
+        load_model_files(path)
+    assert str(path) in str(e.value) or "GGUF" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("case", sorted(GGUF_UNDETECTABLE))
+def test_gguf_data_bit_flips_are_undetectable(case, gguf_file, tmp_path):
+    path = tmp_path / "flipped.gguf"
+    shutil.copy(gguf_file, path)
+    _, clean, _ = load_model_files(path)
+    GGUF_UNDETECTABLE[case](path)
+    _, flipped, _ = load_model_files(path)  # loads: GGUF carries no checksum
+    assert any(not torch.equal(clean[k], flipped[k]) for k in clean)  # and the weights did change
+
+
+def test_the_cli_reports_a_corrupt_gguf_in_one_line(gguf_file, tmp_path, capsys):
+    from sglang_specpilot import cli
+
+    path = tmp_path / "nan.gguf"
+    shutil.copy(gguf_file, path)
+    GGUF_REFUSED["nan-final-norm"](path)
+    rc = cli.main(["generate", "--prompt", "x", "--model", str(path), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "non-finite" in err and "output_norm.weight" in err and "Traceback" not in err

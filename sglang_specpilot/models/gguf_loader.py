@@ -315,7 +315,38 @@ def _open(path: Path) -> GGUFReader:
             raise CheckpointError(
                 f"{path}: truncated GGUF file: tensor {t.name} ends at byte {end}, file has {size} bytes"
             )
+    _check_layout(path, reader, size)
     return reader
+
+
+def _check_layout(path: Path, reader: GGUFReader, size: int) -> None:
+    """The tensors must tile the data section: each at an aligned offset, the next one starting where the
+    previous one ends (rounded up to the alignment), none overlapping. A tensor whose type or offset was
+    changed breaks this (its byte count or position no longer fits), as does a duplicated tensor name.
+    GGUF has no checksum: a bit flipped inside a tensor's data cannot be detected here."""
+    align = int(reader.alignment)
+    names = [t.name for t in reader.tensors]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise CheckpointError(f"{path}: tensor(s) {', '.join(dup[:3])} appear more than once")
+    expect = int(reader.data_offset)
+    prev = None
+    for t in sorted(reader.tensors, key=lambda t: int(t.data_offset)):
+        start = int(t.data_offset)
+        if (start - int(reader.data_offset)) % align:
+            raise CheckpointError(f"{path}: tensor {t.name}: data offset {start} is not aligned to {align} bytes")
+        if start != expect:
+            what = "overlaps" if start < expect else "leaves a gap after"
+            after = f"tensor {prev}" if prev else "the header"
+            raise CheckpointError(
+                f"{path}: tensor {t.name} ({t.tensor_type.name}) at byte {start} {what} {after} (expected byte "
+                f"{expect}): a changed tensor type or offset, or a corrupt header"
+            )
+        end = start + int(t.n_bytes)
+        expect = end + (-end) % align
+        prev = t.name
+    if reader.tensors and size > expect + align:
+        raise CheckpointError(f"{path}: {size - expect} bytes after the last tensor's data: a corrupt header")
 
 
 def _metadata(reader: GGUFReader) -> dict:
@@ -422,10 +453,41 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], d
             w = _dequantize_np(t.data, t.tensor_type, shapes[t.name])
         except CheckpointError as e:
             raise CheckpointError(f"{path}: tensor {t.name}: {e}") from None
+        bad = w.size - int(np.isfinite(w).sum())
+        if bad:
+            kind = "a norm" if "norm" in t.name else "a weight"
+            raise CheckpointError(
+                f"{path}: tensor {t.name} ({t.tensor_type.name}, {kind}) holds {bad} non-finite value(s) (NaN or "
+                "Inf) after dequantization: a corrupt scale or value"
+            )
         if config.arch == "llama" and ".self_attn.q_proj." in name:
             w = unpermute_qk(w, config.num_heads)
         elif config.arch == "llama" and ".self_attn.k_proj." in name:
             w = unpermute_qk(w, config.num_kv_heads)
         state_dict[name] = torch.from_numpy(np.ascontiguousarray(w))
     check_state_dict(config, state_dict, str(path))
+    _check_token_ids(path, meta, config.vocab_size)
     return config, state_dict, meta
+
+
+SPECIAL_TOKEN_KEYS = tuple(
+    f"tokenizer.ggml.{k}_token_id" for k in ("bos", "eos", "eot", "unknown", "padding", "seperator", "eom")
+)
+
+
+def _check_token_ids(path: Path, meta: dict, vocab_size: int) -> None:
+    """Token ids the metadata names must index the vocabulary and the embedding."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens) if isinstance(tokens, list) else None
+    if n_tokens is not None and n_tokens > vocab_size:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {n_tokens} tokens but the model's vocabulary (embedding rows) is "
+            f"{vocab_size}: ids >= {vocab_size} would index past the embedding"
+        )
+    limit = min(vocab_size, n_tokens) if n_tokens is not None else vocab_size
+    for key in SPECIAL_TOKEN_KEYS:
+        value = meta.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+            raise CheckpointError(f"{path}: {key} = {value!r} is out of range: token ids are 0..{limit - 1}")

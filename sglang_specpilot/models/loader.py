@@ -31,7 +31,10 @@ def load_model_files(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Ten
     path = Path(path)
     if path.is_file():
         config, state_dict, metadata = load_gguf(path)
-        return config, state_dict, Tokenizer.from_gguf_metadata(metadata)
+        try:
+            return config, state_dict, Tokenizer.from_gguf_metadata(metadata)
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
     if path.is_dir() and any(path.glob("*.w12.safetensors")):
         return _load_w12_folder(path)
     if path.is_dir():

@@ -238,11 +238,14 @@ class Tokenizer:
         if len(vocab) != len(tokens):
             raise CheckpointError("GGUF vocabulary has duplicate tokens")
         build_pre, ignore_merges = _PRE_TOKENIZERS[pre]
-        backend = _Backend(
-            models.BPE(
-                vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=ignore_merges
-            )
-        )
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        bad = next((m for m in pairs if len(m) != 2 or m[0] not in vocab or m[1] not in vocab), None)
+        if bad is not None:
+            raise CheckpointError(f"GGUF tokenizer merge {' '.join(bad)!r} names a token not in the vocabulary")
+        try:
+            backend = _Backend(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
+        except Exception as e:  # the tokenizers library raises a bare Exception ("Error while initializing BPE")
+            raise CheckpointError(f"GGUF tokenizer could not be built: {e}") from None
         backend.pre_tokenizer = build_pre()
         backend.decoder = decoders.ByteLevel()
         types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
