@@ -177,3 +177,18 @@ def test_the_load_line_names_what_matters():
     for part in ("weights bf16", "draft model", "chain (gamma 3)", "KV 2 rows x 64 tokens", "compile off",
                  "loaded in 1.2 s", "warm-up (graph capture / compile) 0.5 s"):  # fmt: skip
         assert part in line, (part, line)
+
+
+def test_bench_writes_a_run_folder_by_default(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from sglang_specpilot.harness import bench
+
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["selftest", "--size", "32", "--blocks", "2", "--device", "cpu"]) == 0
+    written = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert written.name == "selftest_cpu.json" and written.parent.parent == Path("specpilot-runs")
+    assert written.parent.name.startswith("selftest-") and (tmp_path / written).is_file()
+    written.parent.mkdir(exist_ok=True)
+    assert bench.default_run_dir("selftest") != written.parent  # a second run in the same second: its own folder
+    assert not (tmp_path / "benchmarks").exists()

@@ -45,7 +45,8 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.suites.w12_gemm",
     "sglang_specpilot.suites.w12_ar",
 )
-RESULTS_SUBDIR = Path("benchmarks") / "results"
+RESULTS_SUBDIR = Path("benchmarks") / "results"  # the committed results: written only with --results-dir
+RUNS_DIR = Path("specpilot-runs")  # a user's runs, by default: ./specpilot-runs/<suite>-<UTC time>/
 HEADER_KEYS = ("suite", "commit", "dirty", "date", "gpu", "versions", "command")
 
 
@@ -170,7 +171,8 @@ def _parser(suite: Suite) -> argparse.ArgumentParser:
         "--results-dir",
         type=Path,
         default=None,
-        help=f"where to write the JSON file (default <repo>/{RESULTS_SUBDIR.as_posix()})",
+        help=f"where to write the JSON file (default: a new run folder ./{RUNS_DIR.as_posix()}/SUITE-TIME; the "
+        f"committed results live in <repo>/{RESULTS_SUBDIR.as_posix()}, written only when named here)",
     )
     if suite.add_args is not None:
         suite.add_args(parser)
@@ -207,11 +209,21 @@ def run_suite(name: str, argv: Sequence[str] = (), *, command: str | None = None
     record = {**header, "peaks": result.get("peaks", {}), "metrics": result["metrics"]}
     record["rows"] = result.get("rows", [])
     record.update({k: v for k, v in result.items() if k not in record})
-    out_dir = args.results_dir or repo_root() / RESULTS_SUBDIR
+    out_dir = args.results_dir or default_run_dir(name)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}_{gpu_slug(record['gpu'])}.json"
     path.write_text(json.dumps(to_jsonable(record), indent=2) + "\n")
     return path
+
+
+def default_run_dir(name: str) -> Path:
+    """A fresh folder for one run of suite ``name`` under ``./specpilot-runs`` (never the committed results)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out, n = RUNS_DIR / f"{name}-{stamp}", 1
+    while out.exists():
+        n += 1
+        out = RUNS_DIR / f"{name}-{stamp}-{n}"
+    return out
 
 
 def _suite_position(argv: list[str]) -> int:
