@@ -36,6 +36,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--gptfast-dir", default=None, help="folder with gpt-fast's model.py (a checkout, not ours)")
 
 
 def _dynamo_graphs() -> int:
@@ -66,7 +67,12 @@ def _real(args, out) -> None:
     }
     for name, eng in systems.items():
         eng.warmup()
-        out["rows"].append({"case": f"smollm2.{name}.warmup", "warmup_s": eng.warmup_s})
+        # The GPU time of one captured round alone (a row parked at 200 cached tokens): tokens/s below it
+        # is what the host loop and acceptance make of it.
+        ms = _round_ms(eng, 30, 200)
+        out["rows"].append({"case": f"smollm2.{name}.round", "warmup_s": eng.warmup_s, "round_ms": ms,
+                            "profile": _round_profile(eng, 200)})
+        out["metrics"][f"smollm2_{name}_round_ms"] = round(median(ms), 4)
     lo, hi = (int(x) for x in args.prompts.split("-"))
     ids = [systems["ar"].encode(p, chat=True) for p in humaneval_prompts(range(lo, hi + 1))]
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
@@ -139,7 +145,37 @@ def _round_ms(eng, iters: int, context: int) -> list[float]:
     st.seq_len[0] = context
     st.in_use[0] = False  # the round does its full work but advances nothing, so every replay is alike
     bs = BatchSampling.from_params([SamplingParams()], "cuda")
-    return cuda_times_ms(lambda: eng.run_round(1, bs, None), iters)
+    ms = cuda_times_ms(lambda: eng.run_round(1, bs, None), iters)
+    st.seq_len[0], st.in_use[0] = 1, False
+    return ms
+
+
+def _round_profile(eng, context: int, top: int = 25) -> dict:
+    """Kernels of one captured round (3 replays, CUPTI): count, total us per name, the top ``top``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..engine.sampling import BatchSampling, SamplingParams
+
+    st = eng.state
+    st.seq_len[0], st.in_use[0] = context, False
+    bs = BatchSampling.from_params([SamplingParams()], "cuda")
+    eng.run_round(1, bs, None)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            eng.run_round(1, bs, None)
+        torch.cuda.synchronize()
+    st.seq_len[0] = 1
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA" and ev.device_time > 0:
+            kernels.setdefault(ev.name[:90], []).append(ev.device_time)
+    rows = sorted(((n, len(v) / 3, sum(v) / 3) for n, v in kernels.items()), key=lambda r: -r[2])
+    return {
+        "kernels_per_round": sum(len(v) for v in kernels.values()) / 3,
+        "kernel_us_per_round": sum(sum(v) for v in kernels.values()) / 3,
+        "top": [{"name": n, "count": c, "us": round(us, 2)} for n, c, us in rows[:top]],
+    }
 
 
 def _llama8b(args, out) -> None:
@@ -172,9 +208,18 @@ def _llama8b(args, out) -> None:
     ms = _round_ms(ar, args.iters, args.context)
     floor_ms = weight_bytes_per_step(target) / (bw * 1e12) * 1e3
     out["rows"].append({"case": "llama8b.ar_round.bs1", "weights": "synthetic", "context": args.context,
-                        "round_ms": ms, "floor_ms": floor_ms, "warmup_s": ar.warmup_s})
+                        "round_ms": ms, "floor_ms": floor_ms, "warmup_s": ar.warmup_s,
+                        "profile": _round_profile(ar, args.context)})
     out["metrics"]["llama8b_ar_step_ms_bs1"] = round(median(ms), 3)
     out["metrics"]["llama8b_ar_step_over_floor_bs1"] = round(median(ms) / floor_ms, 3)
+    if args.gptfast_dir:
+        # gpt-fast's decode step in this process, then ours again: the ratio uses both medians.
+        gf = _bench_module("gptfast_baseline").measure_gptfast(args.gptfast_dir, args.context, args.iters)
+        ms2 = _round_ms(ar, args.iters, args.context)
+        out["rows"].append({"case": "llama8b.gptfast_ar_step.bs1", "weights": "synthetic", **gf,
+                            "ours_round_ms_after": ms2})
+        out["metrics"]["llama8b_gptfast_step_ms_bs1"] = round(gf["median_ms"], 3)
+        out["metrics"]["llama8b_ar_speedup_vs_gptfast_bs1"] = round(gf["median_ms"] / median(ms + ms2), 3)
 
     # Verify pass at 1 and 64 rows (a random tree), the target's compiled blocks + fused attention.
     runner = ar.target_runner
@@ -209,24 +254,26 @@ def _llama8b(args, out) -> None:
     tree.warmup(progress=False)
     t_ms = _round_ms(tree, args.iters, args.context)
     out["rows"].append({"case": "llama8b_1b.rounds", "weights": "synthetic", "context": args.context,
-                        "chain6_round_ms": c_ms, "tree32_round_ms": t_ms, "tree_warmup_s": tree.warmup_s})
+                        "chain6_round_ms": c_ms, "tree32_round_ms": t_ms, "tree_warmup_s": tree.warmup_s,
+                        "tree_profile": _round_profile(tree, args.context)})
     out["metrics"]["llama8b_chain6_round_ms"] = round(median(c_ms), 3)
     out["metrics"]["llama8b_tree32_round_ms"] = round(median(t_ms), 3)
     out["metrics"]["llama8b_tree_round_over_chain_round"] = round(median(t_ms) / median(c_ms), 3)
 
 
-def _attention(args, out) -> None:
+def _bench_module(name: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_bench.py"
-    if not path.exists():
-        out["rows"].append({"case": "attention", "skipped": "benchmarks/attention_bench.py is missing"})
-        return
-    spec = importlib.util.spec_from_file_location("attention_bench", path)
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    res = mod.measure_attention("cuda")
+    return mod
+
+
+def _attention(args, out) -> None:
+    res = _bench_module("attention_bench").measure_attention("cuda")
     out["rows"].append({"case": "attention", **{k: v for k, v in res.items() if k != "metrics"}})
     out["metrics"].update(res.get("metrics", {}))
 
