@@ -192,6 +192,21 @@ def test_drafter_lift_1b_heads(smollm2, drafter):
     assert _greedy(big, tok, PROMPTS[:4], 32) == _greedy(drafter, tok, PROMPTS[:4], 32)
 
 
+def test_lifted_pair_speculates_like_the_small_pair(smollm2, tiny, drafter, runs):
+    """Lifted target (8B heads) + lifted drafter (1B heads) in spec mode: the target's text, and the
+    acceptance of SmolLM2 with its drafter, round for round."""
+    small, tok = smollm2
+    big_draft = lift_model(drafter, {**SHAPES["tiny-1b"], "vocab_size": tiny.cfg.vocab_size}, seed=1)
+    opts = EngineOptions(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", cuda_graphs=False,
+                         num_speculative_tokens=4)
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    got = Engine(tiny, tok, opts, big_draft).generate(PROMPTS[:4], params, chat=True)
+    ref = Engine(small, tok, opts, drafter).generate(PROMPTS[:4], params, chat=True)
+    assert [r.token_ids for r in got] == [r[:32] for r in runs[0][:4]]
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref]
+    assert [r.mean_accepted for r in got] == [r.mean_accepted for r in ref]
+
+
 def test_folder_roundtrip_and_w12(smollm2, drafter, tmp_path):
     """``save_lifted`` writes a sharded bf16 folder that the loader, the engine and ``w12 convert`` accept:
     tensors bit-equal to the in-memory lift, SmolLM2's tokenizer (same ids for the same text), and a
