@@ -337,6 +337,25 @@ def test_w12_corruption_is_refused_by_verify_and_load(case, folders, tmp_path):
     assert "\n" not in str(e.value).strip() or "Traceback" not in str(e.value)
 
 
+def test_a_legacy_folder_is_still_checked_against_its_config(folders, tmp_path):
+    # Written before digests and the manifest: still read, and a removed tensor is still refused, by the
+    # tensor set config.json implies.
+    folder = tmp_path / "legacy"
+    shutil.copytree(folders["single"], folder)
+    drop_meta("w12.manifest")(folder)
+
+    def no_digests(tensors, entries, meta):
+        for e in entries.values():
+            e.pop("digest")
+
+    _edit(folder, "model.norm.weight", no_digests)
+    assert verify_w12_folder(folder) == []
+    load_model_files(folder)
+    remove_tensor(L0 + "mlp.gate_proj.weight")(folder)
+    problems = verify_w12_folder(folder)
+    assert len(problems) == 1 and "mlp.gate_proj.weight" in problems[0] and "config.json" in problems[0]
+
+
 def test_clean_folders_load(folders):
     for which in ("single", "sharded"):
         config, sd, _ = load_model_files(folders[which])

@@ -192,3 +192,14 @@ def test_bench_writes_a_run_folder_by_default(tmp_path, monkeypatch, capsys):
     written.parent.mkdir(exist_ok=True)
     assert bench.default_run_dir("selftest") != written.parent  # a second run in the same second: its own folder
     assert not (tmp_path / "benchmarks").exists()
+
+
+def test_invalid_utf8_in_an_argument_is_one_line():
+    # Invalid UTF-8 bytes in argv arrive as lone surrogates, which the tokenizer cannot encode.
+    env = {**__import__("os").environ, "PYTHONIOENCODING": "utf-8"}
+    p = subprocess.run(
+        [sys.executable.encode(), b"-m", b"sglang_specpilot.cli", b"generate", b"--prompt", b"caf\xff",
+         b"--model", b"tiny-llama", b"--synthetic", b"--max-new-tokens", b"2"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    one_line_error(p, "lone surrogate")

@@ -288,7 +288,7 @@ def manifest_problems(path: Path, files: list[Path], seen: set[str], weight_map:
     raw = {f.name: _manifest(f) for f in files}
     present = {k: v for k, v in raw.items() if v is not None}
     if not present:
-        return []  # written before manifests existed
+        return config_problems(path, seen)  # written before manifests existed: the config's tensor set only
     if len(set(present.values())) > 1 or len(present) != len(raw):
         groups: dict[str | None, list[str]] = {}
         for name, m in raw.items():
@@ -321,6 +321,21 @@ def manifest_problems(path: Path, files: list[Path], seen: set[str], weight_map:
     return problems
 
 
+def _expected_set_problems(f: Path, cfg: dict, tensors: set[str]) -> list[str]:
+    """The exact tensor set the decoder needs for this config (``expected_shapes``), where it can be built."""
+    try:
+        from sglang_specpilot.models.config import ModelConfig
+        from sglang_specpilot.models.errors import expected_shapes
+    except ImportError:  # w12 used without the engine package
+        return []
+    try:
+        want = set(expected_shapes(ModelConfig.from_hf(cfg)))
+    except Exception:  # a config the decoder does not know: the layer check below still applies
+        return []
+    missing = sorted(want - tensors)
+    return [f"{f}: the config needs {len(missing)} tensor(s) the checkpoint lacks: {missing[:5]}"] if missing else []
+
+
 def config_problems(path: Path, tensors: set[str]) -> list[str]:
     """The tensor set config.json implies (layers 0 .. num_hidden_layers - 1, an lm_head unless tied)."""
     f = path / "config.json"
@@ -331,8 +346,10 @@ def config_problems(path: Path, tensors: set[str]) -> list[str]:
         n = int(cfg.get("num_hidden_layers", cfg.get("n_layer", -1)))
     except (OSError, ValueError, TypeError, AttributeError) as e:
         return [f"{f}: not a readable config: {e}"]
+    problems = _expected_set_problems(f, cfg, tensors)
+    if problems:
+        return problems
     layers = {int(m.group(1)) for t in tensors if (m := re.match(r"model\.layers\.(\d+)\.", t))}
-    problems = []
     if n >= 0 and layers != set(range(n)):
         problems.append(f"{f}: num_hidden_layers is {n} but the tensors hold layers "
                         f"{min(layers, default=0)}..{max(layers, default=-1)} ({len(layers)} layers)")  # fmt: skip

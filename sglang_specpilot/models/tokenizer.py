@@ -102,6 +102,15 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
+def _lone_surrogate(text: str) -> int | None:
+    """Index of the first lone UTF-16 surrogate in ``text`` (which no UTF-8 tokenizer can encode), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 def _tojson(
     x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False
 ) -> str:
@@ -155,7 +164,16 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds BOS/EOS where the tokenizer's post-processor
         says to (Llama 3 adds ``<|begin_of_text|>``; SmolLM2 and Qwen add nothing)."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:
+            at = _lone_surrogate(text) if isinstance(text, str) else None
+            if at is None:
+                raise
+            raise ValueError(
+                f"the text holds {text[at]!r} at index {at}, a lone surrogate, which is not valid Unicode (invalid "
+                "UTF-8 bytes in a command-line argument arrive as these)"
+            ) from None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``. No "clean up tokenization spaces" pass: transformers 5 refuses it for BPE."""
