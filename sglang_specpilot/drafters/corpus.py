@@ -458,7 +458,8 @@ def build(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED, snippets: dict |
     snippets = collect() if snippets is None else snippets
     rng = random.Random(seed)
     banned = mtbench_questions()
-    want = {s: round(q * count) for s, q in QUOTAS.items() if s in snippets}
+    total = sum(q for s, q in QUOTAS.items() if s in snippets)
+    want = {s: round(q / total * count) for s, q in QUOTAS.items() if s in snippets}
     spare = 0
     records, seen = [], set()
     for source in [s for s in QUOTAS if s in snippets]:
