@@ -68,6 +68,11 @@ def expand_lattice(
     qs = []
 
     def children(logits):
+        if sample is None and k == 1:
+            # A chain needs no scores (nothing is selected among candidates): the argmax alone spares a
+            # log-softmax over the vocabulary and a radix top-k (about 5 kernels a depth).
+            tok = logits.argmax(-1, keepdim=True)
+            return torch.zeros(tok.shape, device=dev), tok
         if sample is None:
             return _logprobs(logits).topk(k, dim=-1)
         q, tok = sample(logits.reshape(B, -1))  # top_k 1: one distribution per row
