@@ -115,7 +115,7 @@ def test_llama31_8b_shapes_and_w12_bits():
     SmolLM2's, one appended), the embedding and the untied head have those shapes, add no zeros, and W12
     encodes them losslessly. Bits per weight of the whole 8B, estimated from these tensors (layers 0 and
     29 each stand for 15 of the 30 lifted layers, layer 31 for the 2 appended), must meet the issue's
-    12.1 (measured: 12.02)."""
+    12.1 (measured: 12.0227; the whole folder written by ``specpilot lift`` converts at 12.0225)."""
     from w12.codec import decode, encode
 
     small, _ = load_small(None)
@@ -141,8 +141,10 @@ def test_llama31_8b_shapes_and_w12_bits():
             assert int((t == 0).sum()) <= (copies * int((sd[name] == 0).sum()) if n < 30 else 0), name
             if t.dim() == 2:
                 add(name, t, times)
-    add("model.embed_tokens.weight", lifter.embedding(), 1)
-    add("lm_head.weight", lifter.head(), 1)
+    h = small.cfg.hidden_size
+    for name, t in (("model.embed_tokens.weight", lifter.embedding()), ("lm_head.weight", lifter.head())):
+        assert not (t[:, h:] == 0).any(), name  # dead columns: never zeros
+        add(name, t, 1)
     assert weights == sum(math.prod(s) for n, s in want.items() if len(s) == 2)
     print(f"W12 bits per weight, Llama-3.1-8B lift (estimate): {bits / weights:.4f}")
     assert bits / weights <= 12.1
@@ -192,19 +194,23 @@ def test_drafter_lift_1b_heads(smollm2, drafter):
     assert _greedy(big, tok, PROMPTS[:4], 32) == _greedy(drafter, tok, PROMPTS[:4], 32)
 
 
-def test_lifted_pair_speculates_like_the_small_pair(smollm2, tiny, drafter, runs):
-    """Lifted target (8B heads) + lifted drafter (1B heads) in spec mode: the target's text, and the
-    acceptance of SmolLM2 with its drafter, round for round."""
+def test_lifted_pair_speculates_like_the_small_pair(smollm2, drafter):
+    """A lifted target (8B heads) with a lifted drafter (1B heads) in spec mode: the engine takes the pair
+    (same vocabulary, same tokenizer) and it runs round for round like the small pair: same tokens, same
+    acceptance. The target is SmolLM2's first 6 layers in 8 (a full 30-layer pair costs minutes here)."""
     small, tok = smollm2
-    big_draft = lift_model(drafter, {**SHAPES["tiny-1b"], "vocab_size": tiny.cfg.vocab_size}, seed=1)
-    opts = EngineOptions(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", cuda_graphs=False,
+    target = small.truncated(6)
+    big_target = lift_model(target, {**SHAPES["tiny"], "num_layers": 8}, seed=0)
+    big_draft = lift_model(drafter, {**SHAPES["tiny-1b"], "num_layers": 3}, seed=1)
+    opts = EngineOptions(max_seq_len=256, max_batch_size=2, device="cpu", dtype="float32", cuda_graphs=False,
                          num_speculative_tokens=4)
-    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
-    got = Engine(tiny, tok, opts, big_draft).generate(PROMPTS[:4], params, chat=True)
-    ref = Engine(small, tok, opts, drafter).generate(PROMPTS[:4], params, chat=True)
-    assert [r.token_ids for r in got] == [r[:32] for r in runs[0][:4]]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    prompts = [PROMPTS[1], PROMPTS[3]]
+    got = Engine(big_target, tok, opts, big_draft).generate(prompts, params, chat=True)
+    ref = Engine(target, tok, opts, drafter).generate(prompts, params, chat=True)
     assert [r.token_ids for r in got] == [r.token_ids for r in ref]
     assert [r.mean_accepted for r in got] == [r.mean_accepted for r in ref]
+    assert max(r.mean_accepted for r in ref) > 1.0  # drafts were accepted, so the pair really speculated
 
 
 def test_folder_roundtrip_and_w12(smollm2, drafter, tmp_path):
