@@ -220,9 +220,13 @@ def _read_tensor(handle, name: str, entry: dict, verify_hashes: bool) -> W12Tens
 
 
 def iter_w12_folder(
-    path: str | Path, *, verify_hashes: bool = True, problems: list[str] | None = None
+    path: str | Path, *, verify_hashes: bool = True, problems: list[str] | None = None, check_config: bool = True
 ) -> Iterator[tuple[str, W12Tensor | torch.Tensor, dict]]:
     """Yield ``(name, W12Tensor or tensor, metadata entry)`` for every tensor of a converted folder.
+
+    After the last tensor, the folder is checked against its manifest (tensor set, side files) and, with
+    ``check_config``, against the tensor set its config.json implies (off when comparing a conversion with
+    a source that is not a whole model).
 
     Raises :class:`W12FormatError` (naming file and tensor) at the first problem, unless ``problems`` is
     a list: then each problem is appended there, the bad tensor (or file) is skipped and reading goes on.
@@ -262,7 +266,7 @@ def iter_w12_folder(
             yield name, value, entry
     if weight_map is not None and set(weight_map) - seen:
         fail(f"{path}: {INDEX_FILE} lists tensors no file holds: {sorted(set(weight_map) - seen)[:5]}")
-    for problem in manifest_problems(path, files, seen, weight_map):
+    for problem in manifest_problems(path, files, seen, weight_map, check_config):
         fail(problem)
 
 
@@ -283,12 +287,15 @@ def has_manifest(path: str | Path) -> bool:
     return all(_manifest(f) is not None for f in files)
 
 
-def manifest_problems(path: Path, files: list[Path], seen: set[str], weight_map: dict | None) -> list[str]:
-    """What the folder lacks or changed against the manifest its files carry (none for legacy folders)."""
+def manifest_problems(
+    path: Path, files: list[Path], seen: set[str], weight_map: dict | None, check_config: bool = True
+) -> list[str]:
+    """What the folder lacks or changed against the manifest its files carry, and (``check_config``)
+    against the tensor set of its config.json."""
     raw = {f.name: _manifest(f) for f in files}
     present = {k: v for k, v in raw.items() if v is not None}
-    if not present:
-        return config_problems(path, seen)  # written before manifests existed: the config's tensor set only
+    if not present:  # written before manifests existed: the config's tensor set only
+        return config_problems(path, seen) if check_config else []
     if len(set(present.values())) > 1 or len(present) != len(raw):
         groups: dict[str | None, list[str]] = {}
         for name, m in raw.items():
@@ -317,7 +324,8 @@ def manifest_problems(path: Path, files: list[Path], seen: set[str], weight_map:
         elif file_sha256(f) != digest:
             problems.append(f"{path}: side file {name} was edited or is corrupt (its sha256 differs from the one "
                             "recorded at conversion)")  # fmt: skip
-    problems += config_problems(path, tensors)
+    if check_config:
+        problems += config_problems(path, tensors)
     return problems
 
 
