@@ -29,7 +29,7 @@ RMSNorm over ``H`` instead of ``h``
     each row's W12 exponent window (not tiny: tiny values there would be W12 escapes, 80 bits each, on
     every row): ``2^-15 * m`` with random signs, where the multiset of ``m`` in ``[1, 2)`` is *the same for
     every token* (cyclically shifted per row). So ``S_dead`` is one constant ``S`` (about 7.5e-6; the tiny
-    writes of later layers change it by ~1e-30), the same at every norm of every layer. With
+    writes of later layers change it by ~1e-19), the same at every norm of every layer. With
     ``eps' = (h * eps - S) / H`` in the config, ``mean_H(x^2) + eps' = (h / H) * (mean_h(x^2) + eps)``
     exactly, so ``x / rms_H = sqrt(H / h) * x / rms_h`` and every norm weight becomes ``sqrt(h / H) * w``
     (0.375 for 576 -> 4096). In fp32 that product is one rounding (2^-24); in bf16 it is a rounding of
@@ -40,7 +40,7 @@ Rope (rotate-half layout, ``models/rope.py``: dim ``k`` pairs with ``k + D/2`` a
     The config keeps SmolLM2's ``rope_theta`` and no rope scaling. With ``r = D / d`` (2), small dim
     ``j < d/2`` goes to big dim ``r*j`` and ``j + d/2`` to ``r*j + D/2``: a pair goes to a pair, at
     frequency ``theta^(-2rj/D) = theta^(-2j/d)``, SmolLM2's. The other big pairs (odd ``k``) are dead
-    dims of the head: their q rows are tiny, their k rows random, so they add ~1e-20 to every score.
+    dims of the head: their q rows are tiny, their k rows random, so they add ~1e-17 to every score.
 
 Attention scale ``1/sqrt(D)`` instead of ``1/sqrt(d)``
     The live q rows are multiplied by ``sqrt(D / d)`` (sqrt 2). No exact construction exists: every
