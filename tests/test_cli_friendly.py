@@ -203,3 +203,17 @@ def test_invalid_utf8_in_an_argument_is_one_line():
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     one_line_error(p, "lone surrogate")
+
+
+def test_w12_convert_into_a_used_folder_names_the_flag(tmp_path, capsys):
+    from sglang_specpilot.models.presets import preset_config, synthetic_state_dict
+    from sglang_specpilot.models.safetensors_loader import save_safetensors_folder
+    from sglang_specpilot.models.tokenizer import Tokenizer
+    from w12.cli import main as w12_main
+
+    cfg = preset_config("tiny-llama")
+    save_safetensors_folder(tmp_path / "hf", cfg, synthetic_state_dict(cfg), Tokenizer.synthetic(cfg.vocab_size))
+    assert w12_main(["convert", str(tmp_path / "hf"), str(tmp_path / "w12"), "--quiet"]) == 0
+    assert w12_main(["convert", str(tmp_path / "hf"), str(tmp_path / "w12"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "pass --force" in err and "force=True" not in err

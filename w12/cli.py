@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         return _verify(args.dst, args.quiet)
     except (ValueError, OSError) as e:  # W12FormatError and the loaders' CheckpointError are ValueErrors
-        print(f"specpilot w12 {args.command}: error: {e}", file=sys.stderr)
+        message = str(e).replace("pass force=True / --force", "pass --force")  # the flag, not the argument
+        print(f"specpilot w12 {args.command}: error: {message}", file=sys.stderr)
         return 1
 
 
