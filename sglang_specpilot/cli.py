@@ -358,8 +358,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     engine = Engine.from_options(options)
     load_s = time.perf_counter() - t0
+    # Compile and capture every round now (CUDA; a no-op elsewhere), with progress on stderr, so the
+    # timed generation below runs the captured rounds from its first token.
+    warmup_s = engine.warmup(progress=None if args.json else _log) if engine.captured is not None else None
     if not args.json:
-        _log(describe_engine(engine, load_s))
+        _log(describe_engine(engine, load_s, warmup_s))
     chat = not args.no_chat and hasattr(engine.tokenizer, "apply_chat_template") and not args.synthetic
     res = None
     for ev in engine.stream([args.prompt], params, chat=chat):

@@ -62,6 +62,10 @@ class EngineOptions:
         and the target verifies the ``tree_budget`` candidates of highest path probability in one pass.
         Unset ones default to a chain: depth = ``num_speculative_tokens``, top_k = 1, budget = depth. All
         None (the default) keeps stock chain rounds.
+    colocate : co-located rounds (greedy chains with a draft model): the KV rows split in two halves, each
+        step verifies one half while drafting the other on a second stream (``engine.colocated``). Off by
+        default: at batch 8 on the H200 a co-located round served its half at 0.625x the throughput of one
+        round over the whole batch (benchmarks/results/colocate_h200.json, DEVICE.md).
     """
 
     model: str | None = None
@@ -84,6 +88,7 @@ class EngineOptions:
     tree_budget: int | None = None
     tree_depth: int | None = None
     tree_top_k: int | None = None
+    colocate: bool = False
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -107,6 +112,10 @@ class EngineOptions:
         if (self.max_seq_len is not None and self.max_seq_len < 8) or self.max_batch_size < 1 or self.prefill_chunk < 1:
             raise ValueError("max_seq_len >= 8, max_batch_size >= 1 and prefill_chunk >= 1 are required")
         self.graph_batch_sizes = tuple(sorted(set(self.graph_batch_sizes)))
+        if self.colocate and self.tree:
+            raise ValueError("colocate runs chain rounds; it cannot be combined with tree options")
+        if self.colocate and self.max_batch_size < 2:
+            raise ValueError("colocate splits the KV rows in two halves: max_batch_size >= 2 is required")
         if self.tree:
             self._resolve_tree()
 

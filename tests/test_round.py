@@ -127,3 +127,50 @@ def test_captured_spec_equals_ar_fp32(kind):
     spec.warmup()
     for batch in (ps[:1], ps[:3], ps):
         assert [r.token_ids for r in spec.generate(batch, p)] == [r.token_ids for r in ar.generate(batch, p)]
+
+
+@pytest.mark.parametrize("kind", ["ar", "chain", "tree"])
+def test_server_sizes_requests_with_the_engine_rule(kind):
+    # A chat request without max_tokens gets the whole context left; with tree options the server used
+    # to reserve gamma + 1 slots while the engine reserved the tree's reach, so every such request failed.
+    from sglang_specpilot.server.prompts import build_request
+    from sglang_specpilot.server.protocol import ChatCompletionRequest
+
+    target = tiny_model()
+    eng = _engine(target, target.truncated(1), kind, max_seq_len=96)
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    )
+    prompt = list(range(1, 21))
+    req = build_request(eng, body, prompt, None)
+    assert req.params.max_new_tokens == eng.max_new_tokens_for(len(prompt)) > 0
+    (res,) = eng.generate([prompt], req.params)  # runs to the end of the context without a refusal
+    assert len(res.token_ids) == req.params.max_new_tokens or res.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("sizes", [[9], [5, 17, 3], [4, 11, 7, 2, 15, 6, 9, 13]])
+def test_colocated_strategy_of_the_loop_equals_ar(sizes):
+    # Co-located rounds are a strategy of the same loop: generate (and so the server) runs them through
+    # RowBatch.step; each step emits only the verified half's tokens, and the output is AR's.
+    target = tiny_model()
+    draft = target.truncated(1)
+    ps = prompts(sizes, target.cfg.vocab_size, seed=7)
+    p = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    ar = _engine(target, None, "ar")
+    colo = _engine(target, draft, "chain", colocate=True)
+    assert colo.colocated is not None
+    want = [r.token_ids for r in ar.generate(ps, p)]
+    got = colo.generate(ps, p)
+    assert [r.token_ids for r in got] == want
+    assert all(r.mean_accepted >= 1.0 for r in got)
+    # Sampled requests fall back to the conventional round of the same engine.
+    sampled = colo.generate(ps[:1], SamplingParams(max_new_tokens=5, temperature=0.8, seed=3))
+    assert len(sampled[0].token_ids) == 5
+
+
+def test_colocate_options_are_checked():
+    with pytest.raises(ValueError, match="tree"):
+        EngineOptions(colocate=True, tree_budget=8, tree_depth=4, tree_top_k=2, device="cpu")
+    target = tiny_model()
+    with pytest.raises(ValueError, match="draft model"):
+        _engine(target, None, "chain", colocate=True, ngram_size=3)

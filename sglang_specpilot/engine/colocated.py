@@ -1,5 +1,9 @@
 """Co-located speculative rounds: the batch split in two groups whose rounds are pipelined.
 
+``ColocatedRound`` (bottom) is how the engine runs them: a strategy of the one loop (``rows.RowBatch``),
+chosen by ``EngineOptions.colocate``. ``ColocatedDecoder`` is the self-contained driver the colocate
+suite and its tests use.
+
 Round r verifies group A's drafts while drafting for group B, round r + 1 the other way round
 (``colocate.CoScheduledRound``), so the draft of one group overlaps the verification of the other on one
 GPU. Per request the work is exactly the engine's chain round (``Engine._draft`` / ``_verify``, greedy):
@@ -201,3 +205,76 @@ class ColocatedDecoder:
             next_tok[lo:hi] = torch.where(active, bonus, next_tok[lo:hi])
             x = 1 - x
         return [o[:max_new_tokens] for o in out]
+
+
+class ColocatedRound:
+    """Co-located rounds as a strategy of the engine's one loop (``EngineOptions.colocate``).
+
+    The KV rows are split in two fixed halves, A = rows ``0 .. R/2 - 1`` and B = the rest (R = KV rows).
+    Step t verifies one half's drafts (drafted in step t - 1) while drafting for the other half, on two
+    streams (``colocate.CoScheduledRound``, captured as one CUDA graph per direction on CUDA); the next
+    step swaps the halves. Only the verified half emits tokens in a step: the other half's rows get
+    ``n = -1`` in ``state.out`` (``RowBatch`` emits nothing for them). Per request the work is the
+    engine's chain round (same draft steps, verify block and acceptance), so greedy output is AR's.
+
+    A row admitted into a half after that half was drafted carries drafts made for its previous owner:
+    the verify pass rejects what does not match (n = 0: the bonus alone, the target's own token), so the
+    output stays exact and only that one step's acceptance suffers. Sampled batches and batches that do not
+    fill both halves' capacity run the conventional round (``fallback``).
+    """
+
+    def __init__(self, target_runner, draft_runner, gamma: int, fallback, plan: JointPlan | None = None):
+        self.fallback = fallback
+        self.target, self.draft = target_runner.model, draft_runner.model
+        self.gamma = gamma
+        R = target_runner.kv.max_batch
+        if R < 2:
+            raise ValueError("co-located rounds need at least 2 KV rows (max_batch_size >= 2)")
+        dev = target_runner.device
+        h = R // 2
+        self.groups = [(0, h), (h, R)]
+        self.kv_len = target_runner.kv.max_seq
+        self.bufs = [
+            RoundBuffers(self.target, self.draft, target_runner.kv, draft_runner.kv, lo, hi, gamma, self.kv_len,
+                         fused=target_runner.round_fused and draft_runner.round_fused)
+            for lo, hi in self.groups
+        ]
+        compiled = target_runner._layer_fn is not None
+        self.rounds = [build_round(self.target, self.draft, self.bufs[x], self.bufs[1 - x], plan, compiled=compiled)
+                       for x in (0, 1)]
+        self.graphs = target_runner.use_graphs
+        self.drafts = torch.zeros(R, gamma, dtype=torch.long, device=dev)
+        self.turn = 0  # the half verified next
+        self._ar = torch.arange(gamma + 1, device=dev)
+
+    def run(self, st, b: int, bs, max_len: int | None = None) -> None:
+        if not bs.all_greedy:
+            return self.fallback.run(st, b, bs, max_len)
+        x = self.turn
+        (lo, hi), (dlo, dhi) = self.groups[x], self.groups[1 - x]
+        g = self.gamma
+        nxt, seq, use = st.next_tok[lo:hi], st.seq_len[lo:hi], st.in_use[lo:hi]
+        self.bufs[x].load(seq)
+        self.bufs[x].verify_block.copy_(torch.cat([nxt[:, None], self.drafts[lo:hi]], 1))
+        dseq = st.seq_len[dlo:dhi]
+        self.bufs[1 - x].load(dseq)
+        prev = st.history[dlo:dhi].gather(1, (dseq - 1)[:, None])[:, 0]
+        self.bufs[1 - x].draft_block.copy_(torch.stack([prev, st.next_tok[dlo:dhi]], 1))
+        rnd = self.rounds[x]
+        if self.graphs and rnd.graph is None:
+            rnd.capture()  # both halves' inputs are loaded; the warm-up writes what the replay rewrites
+        rnd()
+        self.drafts[dlo:dhi] = torch.stack(rnd.draft.state["drafts"], 1)
+        drafts = self.drafts[lo:hi]
+        n, bonus = chain_accept_greedy(drafts, rnd.target.state["logits"])
+        block = self.bufs[x].verify_block
+        st.history[lo:hi].scatter_(1, seq[:, None] + self._ar, block)
+        out = st.out[lo:hi]
+        out[:, :g] = drafts
+        out[:, g] = bonus
+        out.scatter_(1, n[:, None], bonus[:, None])
+        out[:, -1] = n
+        st.out[dlo:dhi, -1] = -1  # the drafted half emits nothing this step
+        seq += (n + 1) * use
+        nxt.copy_(torch.where(use, bonus, nxt))
+        self.turn = 1 - x

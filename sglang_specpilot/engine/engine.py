@@ -110,6 +110,13 @@ class Engine:
         self.captured = None
         if self.target_runner.use_graphs and self.round.capturable:
             self.captured = CapturedRound(self.round, self.state, park_at=options.max_seq_len)
+        self.colocated = None
+        if options.colocate:
+            if draft is None:
+                raise ValueError("colocate needs a draft model (co-located rounds draft with it)")
+            from .colocated import ColocatedRound
+
+            self.colocated = ColocatedRound(self.target_runner, self.draft_runner, shape.depth, self.round)
         self._batch: RowBatch | None = None
         self.warmup_s: float | None = None
 
@@ -141,22 +148,25 @@ class Engine:
         target, draft, tokenizer, options = load_engine_models(options)
         return cls(target, tokenizer, options, draft)
 
-    def warmup(self, buckets: tuple[int, ...] | None = None, progress: bool = True) -> float:
-        """Compile and capture every round this configuration runs (each batch bucket), now rather than
-        on first use; returns the seconds it took (also kept in ``warmup_s``). No-op off CUDA."""
+    def warmup(self, buckets: tuple[int, ...] | None = None, progress=True) -> float:
+        """Compile and capture every round this configuration runs (each batch bucket) and run every
+        padded prefill shape, now rather than on first use; returns the seconds it took (also kept in
+        ``warmup_s``). ``progress``: True logs each step (logger ``specpilot.engine``), a callable gets
+        each line, False/None is silent. No-op off CUDA."""
         if self.captured is None:
             return 0.0
+        say = (lambda m: log.info("%s", m)) if progress is True else (progress or (lambda m: None))
         t0 = time.perf_counter()
         ladder = buckets or self.target_runner.ladder
+        say("warm-up: prefill shapes")
         self._warm_prefill(ladder)
         for i, b in enumerate(ladder):
-            if progress:
-                log.info("warm-up: compiling and capturing the round for batch %d (%d/%d)", b, i + 1, len(ladder))
+            say(f"warm-up: compiling and capturing the round for batch {b} ({i + 1}/{len(ladder)}, "
+                f"{time.perf_counter() - t0:.1f} s so far)")
             self.captured.capture(b, BatchSampling.from_params([SamplingParams()] * b, self.device))
         torch.cuda.synchronize()
         self.warmup_s = time.perf_counter() - t0
-        if progress:
-            log.info("warm-up done in %.1f s (%d graphs)", self.warmup_s, len(ladder))
+        say(f"warm-up done in {self.warmup_s:.1f} s ({len(ladder)} batch sizes)")
         return self.warmup_s
 
     @torch.inference_mode()
@@ -177,8 +187,11 @@ class Engine:
 
     def run_round(self, b: int, bs: BatchSampling, max_len: int | None) -> None:
         """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds
-        on CUDA, else ``Round.run`` eagerly. Reads nothing back to the host."""
-        if self.captured is not None and bs.all_greedy:
+        on CUDA, else ``Round.run`` eagerly (or the co-located strategy, see ``colocated.ColocatedRound``).
+        Reads nothing back to the host."""
+        if self.colocated is not None:
+            self.colocated.run(self.state, b, bs, max_len if self.device.type != "cuda" else None)
+        elif self.captured is not None and bs.all_greedy:
             if b not in self.captured:
                 self.captured.capture(b, bs)
             self.captured.replay(b)

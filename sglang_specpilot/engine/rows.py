@@ -189,6 +189,8 @@ class RowBatch:
             if req is None or req.finished or self.rows[row] is not req:
                 continue
             k = packed[row][-1] + 1
+            if k == 0:  # a co-located step drafted this row's half: nothing to emit
+                continue
             self.host_len[row] += k
             self.rounds += 1
             self.round_tokens += k
