@@ -29,8 +29,7 @@ def one_line_error(p: subprocess.CompletedProcess | tuple[int, str], *needles: s
 @pytest.mark.parametrize(
     "module,args,extra",
     [
-        ("triton", ["bench", "--list"], "[kernels]"),
-        ("triton", ["bench", "--help"], "[kernels]"),
+        ("triton", ["bench", "colocate"], "[kernels]"),
         ("triton", ["generate", "--prompt", "x", "--model", "tiny-llama", "--synthetic", "--weights", "w12"],
          "[kernels]"),
         ("uvicorn", ["serve"], "[server]"),
@@ -40,6 +39,13 @@ def one_line_error(p: subprocess.CompletedProcess | tuple[int, str], *needles: s
 )  # fmt: skip
 def test_a_missing_extra_is_one_line_naming_it(module, args, extra):
     one_line_error(run_without(module, *args), extra, "pip install")
+
+
+def test_bench_lists_its_suites_without_triton_and_names_the_extra():
+    for flag in ("--list", "--help"):
+        p = run_without("triton", "bench", flag)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        assert "selftest" in p.stdout and "colocate" in p.stdout and "[kernels]" in p.stdout
 
 
 def main(capsys, *argv: str) -> tuple[int, str]:
