@@ -29,11 +29,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--dtype-check", action="store_true", help="refuse tensors that are not exactly representable in bf16"
     )
-    c.add_argument("--shard-size", type=float, default=DEFAULT_SHARD_BYTES / 2**30, help="GiB per shard")
+    c.add_argument(
+        "--shard-size", type=float, default=DEFAULT_SHARD_BYTES / 2**30, help="GiB per shard (default: %(default)g)"
+    )
     c.add_argument("--force", action="store_true", help="replace a W12 checkpoint already in DST")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
-    v = sub.add_parser("verify", help="decode every tensor of a W12 folder and check its sha256")
-    v.add_argument("dst")
+    v = sub.add_parser(
+        "verify",
+        help="decode every tensor of a W12 folder and check its hashes, the manifest (tensor set, config and "
+        "tokenizer files) and the tensor set the config implies",
+    )
+    v.add_argument("dst", help="the converted folder")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
