@@ -216,12 +216,16 @@ def test_prompt_and_queue_caps(live_server, limits):
 
 
 def test_large_prompt_does_not_stall_health(live_server):
-    """Tokenizing a 1 MB prompt runs off the event loop: /health answers meanwhile."""
-    body = {**TEXT, "prompt": "word " * 200_000}
+    """Tokenizing a 3 MB prompt runs off the event loop (and without the GIL): /health answers meanwhile."""
+    body = {**TEXT, "prompt": "word " * 600_000}
     result = {}
-    t = threading.Thread(
-        target=lambda: result.update(r=httpx.post(live_server.url + "/v1/completions", json=body, timeout=120))
-    )
+
+    def big():
+        t0 = time.monotonic()
+        result["r"] = httpx.post(live_server.url + "/v1/completions", json=body, timeout=120)
+        result["s"] = time.monotonic() - t0
+
+    t = threading.Thread(target=big)
     t.start()
     worst = 0.0
     with httpx.Client(base_url=live_server.url, timeout=30) as http:
@@ -229,10 +233,11 @@ def test_large_prompt_does_not_stall_health(live_server):
             t0 = time.monotonic()
             assert http.get("/health").status_code == 200
             worst = max(worst, time.monotonic() - t0)
-            time.sleep(0.02)
+            time.sleep(0.01)
     t.join()
     assert _err(result["r"], 400)["code"] == "context_length_exceeded"
-    assert worst < 1.0, worst
+    # Stalled, /health would wait for most of the request (tokenizing is most of it); free, it answers in ms.
+    assert worst < max(0.1, result["s"] / 4), (worst, result["s"])
 
 
 def _raw(port: int, data: bytes) -> socket.socket:

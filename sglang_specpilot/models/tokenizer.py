@@ -102,6 +102,9 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
+_LONG_TEXT = 4096  # characters; longer texts are encoded through encode_batch (see Tokenizer.encode)
+
+
 def _lone_surrogate(text: str) -> int | None:
     """Index of the first lone UTF-16 surrogate in ``text`` (which no UTF-8 tokenizer can encode), or None."""
     try:
@@ -165,6 +168,10 @@ class Tokenizer:
         """Token ids of ``text``; ``add_special_tokens`` adds BOS/EOS where the tokenizer's post-processor
         says to (Llama 3 adds ``<|begin_of_text|>``; SmolLM2 and Qwen add nothing)."""
         try:
+            if isinstance(text, str) and len(text) > _LONG_TEXT:
+                # The same ids; encode_batch releases the GIL while it works, so a long prompt tokenized in a
+                # worker thread does not stall the server's event loop (encode holds the GIL throughout).
+                return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
             return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         except TypeError:
             at = _lone_surrogate(text) if isinstance(text, str) else None
