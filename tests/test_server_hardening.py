@@ -136,6 +136,14 @@ def test_poisoned_parameters_are_400_and_innocent_requests_succeed(live_server):
             assert [g.result().json()["choices"][0]["text"] for g in good] == [ref] * 3
 
 
+def test_a_vanishing_temperature_is_greedy(live_server):
+    with httpx.Client(base_url=live_server.url, timeout=120) as http:
+        greedy = http.post("/v1/completions", json={**TEXT, "max_tokens": 6}).json()["choices"][0]["text"]
+        for t in (1e-40, 1e-300, 1e-6):  # 1e-40: logits / t overflow float32 to inf, the probabilities to NaN
+            r = http.post("/v1/completions", json={**TEXT, "max_tokens": 6, "temperature": t, "seed": 3})
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy, (t, r.text)
+
+
 @pytest.mark.parametrize(
     "body,param",
     [

@@ -25,6 +25,7 @@ from .errors import APIError
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_DEPTH = 32  # nesting of JSON arrays / objects; a chat body needs 5
 MAX_SEED = 2**63 - 1
+MIN_TEMPERATURE = 1e-5  # lower temperatures are greedy
 MAX_INT = 2**31 - 1  # the bound of counts (top_k, n, best_of, ...) before the engine's own checks
 
 
@@ -77,7 +78,7 @@ class _Sampling(_Body):
         try:
             return SamplingParams(
                 max_new_tokens=max_new_tokens,
-                temperature=1.0 if self.temperature is None else self.temperature,  # OpenAI's default
+                temperature=self._temperature(),
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=max(0, self.top_k or 0),
                 seed=self.seed,
@@ -86,6 +87,12 @@ class _Sampling(_Body):
             )
         except ValueError as e:
             raise APIError(400, str(e)) from None
+
+    def _temperature(self) -> float:
+        """OpenAI's default is 1. Below ``MIN_TEMPERATURE`` the logits / temperature overflow to inf (NaN
+        probabilities): such a temperature means greedy, as in vLLM."""
+        t = 1.0 if self.temperature is None else self.temperature
+        return 0.0 if t < MIN_TEMPERATURE else t
 
     @property
     def include_usage(self) -> bool:
