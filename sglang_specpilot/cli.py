@@ -338,9 +338,10 @@ def _log(message: str) -> None:
 def sampling_params(args: argparse.Namespace):
     from .engine import SamplingParams
 
+    # Below 1e-5, logits / temperature can overflow float32 (NaN probabilities): such a temperature is greedy.
     return SamplingParams(
         max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
+        temperature=0.0 if 0 <= args.temperature < 1e-5 else args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,

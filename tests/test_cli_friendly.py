@@ -223,3 +223,10 @@ def test_w12_convert_into_a_used_folder_names_the_flag(tmp_path, capsys):
     assert w12_main(["convert", str(tmp_path / "hf"), str(tmp_path / "w12"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "pass --force" in err and "force=True" not in err
+
+
+def test_a_vanishing_temperature_is_greedy_in_generate():
+    args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--temperature", "1e-40"])
+    assert cli.sampling_params(args).temperature == 0.0
+    args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--temperature", "0.7"])
+    assert cli.sampling_params(args).temperature == 0.7
