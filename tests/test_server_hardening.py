@@ -277,13 +277,28 @@ def test_slow_body_is_408_and_disconnect_mid_upload_is_counted_not_a_500(live_se
     s.close()
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     limits(body_timeout_s=30)
-    for _ in range(5):
-        _raw(live_server.port, head + b'{"model": ').close()  # gone mid-upload
-    deadline = time.monotonic() + 10
-    key = 'specpilot_refusals_total{reason="client_disconnected"}'
-    while live_server.metrics().get(key, 0) - before.get(key, 0) < 5:
-        assert time.monotonic() < deadline, live_server.metrics()
-        time.sleep(0.05)
+    errors = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            errors.append(record)
+
+    keep = Keep(logging.ERROR)
+    watched = [logging.getLogger(n) for n in ("uvicorn.error", "specpilot.server", "asyncio")]
+    for logger in watched:
+        logger.addHandler(keep)
+    try:
+        for _ in range(5):
+            _raw(live_server.port, head + b'{"model": ').close()  # gone mid-upload
+        deadline = time.monotonic() + 10
+        key = 'specpilot_refusals_total{reason="client_disconnected"}'
+        while live_server.metrics().get(key, 0) - before.get(key, 0) < 5:
+            assert time.monotonic() < deadline, live_server.metrics()
+            time.sleep(0.05)
+    finally:
+        for logger in watched:
+            logger.removeHandler(keep)
+    assert not errors, [r.getMessage() for r in errors]  # no tracebacks for a client that left
     after = live_server.metrics()
     assert after.get('specpilot_rejected_requests_total{status="500"}', 0) == before.get(
         'specpilot_rejected_requests_total{status="500"}', 0
