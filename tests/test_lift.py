@@ -3,7 +3,7 @@
 CPU, fp32. The 8B shapes themselves (32 GB in fp32) are too big for this machine, so the end-to-end checks
 run on the "tiny" shape, which has Llama-3.1-8B's attention geometry (32 query / 8 K/V heads of 128, so
 the sqrt(2) scale, the rope pair mapping and the 3-in-4 GQA copies are the real ones, untied head with
-the d0 offset) at hidden 1024 / intermediate 2048 / vocab 50000, and on "tiny-1b" (Llama-3.2-1B's 32/8
+the d0 offset) at hidden 640 / intermediate 1600 / vocab 50000, and on "tiny-1b" (Llama-3.2-1B's 32/8
 heads of 64, tied) for the shipped drafter. The Llama-3.1-8B shapes are checked on one lifted layer.
 """
 
@@ -202,10 +202,10 @@ def test_lifted_pair_speculates_like_the_small_pair(smollm2, drafter):
     target = small.truncated(6)
     big_target = lift_model(target, {**SHAPES["tiny"], "num_layers": 8}, seed=0)
     big_draft = lift_model(drafter, {**SHAPES["tiny-1b"], "num_layers": 3}, seed=1)
-    opts = EngineOptions(max_seq_len=256, max_batch_size=2, device="cpu", dtype="float32", cuda_graphs=False,
+    opts = EngineOptions(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", cuda_graphs=False,
                          num_speculative_tokens=4)
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    prompts = [PROMPTS[1], PROMPTS[3]]
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    prompts = PROMPTS[:4]
     got = Engine(big_target, tok, opts, big_draft).generate(prompts, params, chat=True)
     ref = Engine(target, tok, opts, drafter).generate(prompts, params, chat=True)
     assert [r.token_ids for r in got] == [r.token_ids for r in ref]
@@ -219,41 +219,44 @@ def test_folder_roundtrip_and_w12(smollm2, drafter, tmp_path):
     lossless W12 encoding whose bits per weight are reported."""
     from sglang_specpilot.models.loader import load_model_files
     from w12.convert import convert
+    from w12.format import ESCAPE_BITS
 
     small, tok = smollm2
     out = tmp_path / "lifted"
-    cfg = save_lifted(out, drafter, tok, "tiny-1b", seed=1, shard_bytes=200 << 20)
+    cfg = save_lifted(out, drafter, tok, "tiny-1b", seed=1, shard_bytes=100 << 20)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 2
     hf = json.loads((out / "config.json").read_text())
     assert hf["_name_or_path"] == cfg.name and "stand-in" in hf["specpilot_lift"]["label"]
     lcfg, sd, ltok = load_model_files(out)
     assert lcfg == cfg
-    mem = lift_model(drafter, "tiny-1b", seed=1).to(torch.bfloat16).hf_state_dict()
+    ref = lift_model(drafter, "tiny-1b", seed=1, max_positions=1024)
+    with torch.no_grad():
+        for p in ref.parameters():  # the folder's bf16 weights, computed in fp32 like the engine's model
+            p.copy_(p.to(torch.bfloat16).float())
+    mem = ref.hf_state_dict()
     mem.pop("lm_head.weight", None)
-    assert set(sd) == set(mem) and all(torch.equal(sd[n], mem[n]) for n in sd)
+    assert set(sd) == set(mem) and all(torch.equal(sd[n], mem[n].to(torch.bfloat16)) for n in sd)
     assert ltok.fingerprint == tok.fingerprint
     text = "Lifted models keep SmolLM2's ids: héllo wörld 123 <|im_start|>"
     assert ltok.encode(text) == tok.encode(text) and ltok.decode(ltok.encode(text)) == tok.decode(tok.encode(text))
     engine = Engine.from_options(EngineOptions(model=str(out), device="cpu", dtype="float32", max_seq_len=128,
                                                cuda_graphs=False))
-    ref = lift_model(drafter, "tiny-1b", seed=1, max_positions=1024)
-    with torch.no_grad():
-        for p in ref.parameters():  # the folder's bf16 weights, computed in fp32 like the engine's model
-            p.copy_(p.to(torch.bfloat16).float())
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
     assert engine.generate([PROMPTS[0]], params)[0].token_ids == _greedy_raw(ref, tok, PROMPTS[0], 8)
 
-    report = convert(out, tmp_path / "w12", verify=True)
-    print(f"W12 of the tiny-1b lift: {report.summary()}")
-    assert report.w12_tensors > 0 and report.verified
-    w12_cfg, w12_sd, _ = load_model_files(tmp_path / "w12")
-    assert w12_cfg == cfg and all(torch.equal(w12_sd[n], sd[n]) for n in sd)
-    # Measured 12.11: a fifth of this small lift is the embedding, whose SmolLM2 rows carry the Q8_0 grid's
-    # exact zeros (1 %, each an 80-bit escape); the layers alone are 12.01. The 8B composition, where the
-    # issue's 12.1 applies, is checked in test_llama31_8b_shapes_and_w12_bits. Above 12.2 would mean
-    # out-of-window values the lift put there (e.g. tiny entries in live rows).
-    assert report.bits_per_weight <= 12.2
+    report = convert(out, tmp_path / "w12")
+    w12_cfg, w12_sd, _ = load_model_files(tmp_path / "w12")  # checks every hash, decodes every W12 tensor
+    assert w12_cfg == cfg and report.w12_tensors > 0 and all(torch.equal(w12_sd[n], sd[n]) for n in sd)
+    # A fifth of this small lift is the embedding, whose SmolLM2 rows carry the Q8_0 grid's exact zeros
+    # (1 %; copied into the extra vocab rows), each an 80-bit escape: measured 12.19 bits/weight in all.
+    # Apart from those zeros, SmolLM2's and not the lift's, the lift must cost no more than the issue's 12.1
+    # (measured 12.01); the 8B composition itself is checked in test_llama31_8b_shapes_and_w12_bits.
+    zeros = sum(int((t == 0).sum()) for t in sd.values() if t.dim() == 2)
+    zeros_free = (report.w12_bits - ESCAPE_BITS * zeros) / report.w12_weights
+    print(f"W12, SmolLM2 drafter lifted to tiny 1B heads: {report.bits_per_weight:.4f} bits/weight, "
+          f"{zeros_free:.4f} without SmolLM2's zeros")
+    assert zeros_free <= 12.1
 
 
 def _greedy_raw(model, tok, prompt, new):

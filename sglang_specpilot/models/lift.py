@@ -9,7 +9,7 @@ labelled ``"SmolLM2-135M lifted to Llama-3.1-8B shapes (stand-in, timing)"`` in 
 lifts any small Llama model of at most 16 layers (e.g. the shipped 2-layer SmolLM2 drafter, with the
 target's embedding and head) into Llama-3.2-1B's shapes, a drafter with a realistic cost. ``"tiny"``
 (Llama-3.1-8B's heads: 32/8 of 128, untied) and ``"tiny-1b"`` (Llama-3.2-1B's heads: 32/8 of 64, tied)
-keep those geometries with hidden 1024, intermediate 2048 and vocab 50000, for CPU tests.
+keep those geometries with hidden 640, intermediate 1600 and vocab 50000, for CPU tests.
 
 Notation: the small model has hidden ``h`` (576), head size ``d`` (64), ``n_q`` / ``n_kv`` heads (9 / 3,
 group ``g = 3``), intermediate ``i`` (1536), vocab ``v`` (49152), ``L`` layers (30); the big one ``H``
@@ -127,17 +127,17 @@ from .presets import PRESETS
 from .rope import rope_table
 
 TINY = 2.0**-64
-DEAD_EXP = -15  # dead embedding columns: +-2^-15 * m, m in [1, 2)
+DEAD_EXP = -15  # dead embedding columns: +-2^-15 * m, m in [1, 2) (for SmolLM2; see LiftPlan.dead_exp)
 OFFSET_GAIN = 2.0**31  # final-norm weight on d0 (untied heads)
 SHAPES: dict[str, dict] = {
     "llama-3.1-8b": PRESETS["llama-3.1-8b"],
     "llama-3.2-1b": PRESETS["llama-3.2-1b"],
     "tiny": dict(
-        vocab_size=50000, hidden_size=1024, intermediate_size=2048, num_layers=32, num_heads=32, num_kv_heads=8,
+        vocab_size=50000, hidden_size=640, intermediate_size=1600, num_layers=32, num_heads=32, num_kv_heads=8,
         head_dim=128, tie_word_embeddings=False,
     ),
     "tiny-1b": dict(
-        vocab_size=50000, hidden_size=1024, intermediate_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+        vocab_size=50000, hidden_size=640, intermediate_size=1600, num_layers=16, num_heads=32, num_kv_heads=8,
         head_dim=64, tie_word_embeddings=True,
     ),
 }
@@ -185,7 +185,7 @@ def _copies(g: int, G: int) -> list[int]:
 class LiftPlan:
     """Index maps and constants of one lift (see the module docstring)."""
 
-    def __init__(self, small: ModelConfig, big_shape: dict, label: str):
+    def __init__(self, small: ModelConfig, big_shape: dict, label: str, embed_absmax: float | None = None):
         s = small
         known = {f for f in ModelConfig.__dataclass_fields__}
         ref = ModelConfig(**{k: v for k, v in big_shape.items() if k in known and k != "name"})
@@ -228,8 +228,11 @@ class LiftPlan:
         self.h, self.H = s.hidden_size, H
         n_dead = H - s.hidden_size - 1  # dims h+1..H-1; dim h is d0
         m = 1.0 + (torch.arange(n_dead, dtype=torch.float64) % 128) / 128
-        self.dead_values = m * 2.0**DEAD_EXP  # exact in bf16
-        self.d0_value = 2.0**DEAD_EXP
+        # The dead values' binade: 15 below the largest embedding row's top binade (SmolLM2: 2^-15), so it is
+        # inside every row's window (no row peaks higher); the lower, the smaller S.
+        self.dead_exp = DEAD_EXP if embed_absmax is None else math.floor(math.log2(embed_absmax)) - 15
+        self.dead_values = m * 2.0**self.dead_exp  # exact in bf16
+        self.d0_value = 2.0**self.dead_exp
         self.dead_sq = float((self.dead_values**2).sum()) + self.d0_value**2
         eps = (s.hidden_size * s.rms_norm_eps - self.dead_sq) / H
         if eps <= 0:
@@ -431,13 +434,16 @@ class _Lifter:
             yield "lm_head.weight", self.head()
 
 
-def plan_lift(small: ModelConfig, shape: str | dict, label: str | None = None) -> LiftPlan:
-    """The lift of ``small`` into ``shape`` (a key of ``SHAPES`` or a dict with its keys)."""
+def plan_lift(
+    small: ModelConfig, shape: str | dict, label: str | None = None, embed_absmax: float | None = None
+) -> LiftPlan:
+    """The lift of ``small`` into ``shape`` (a key of ``SHAPES`` or a dict with its keys); ``embed_absmax``
+    (the small embedding's largest magnitude) places the dead embedding values (default: SmolLM2's)."""
     if isinstance(shape, str):
         if shape not in SHAPES:
             raise ValueError(f"unknown lift shape {shape!r}; shapes: {', '.join(SHAPES)}")
-        return LiftPlan(small, SHAPES[shape], label or lift_label(small, shape))
-    return LiftPlan(small, shape, label or lift_label(small, "custom"))
+        return LiftPlan(small, SHAPES[shape], label or lift_label(small, shape), embed_absmax)
+    return LiftPlan(small, shape, label or lift_label(small, "custom"), embed_absmax)
 
 
 def lifted_tensors(
@@ -445,7 +451,8 @@ def lifted_tensors(
     device: str | torch.device = "cpu",
 ) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
     """(lifted config, iterator of its HF-named fp32 tensors on ``device``); nothing is held but one layer."""
-    plan = plan_lift(small_cfg, shape)
+    absmax = float(small_sd["model.embed_tokens.weight"].abs().max())
+    plan = plan_lift(small_cfg, shape, embed_absmax=absmax)
     return plan.big, _Lifter(plan, small_sd, seed, device).tensors()
 
 
