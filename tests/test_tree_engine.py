@@ -14,9 +14,9 @@ from sglang_specpilot.engine import Engine, SamplingParams
 from sglang_specpilot.engine.attn_meta import causal_tree, window_mask
 from sglang_specpilot.engine.draft_tree import expand_lattice
 from sglang_specpilot.engine.ngram_tree import ngram_tree
+from sglang_specpilot.engine.round import Round, RoundShape
 from sglang_specpilot.engine.runner import ModelRunner
 from sglang_specpilot.engine.sampling import BatchSampling
-from sglang_specpilot.engine.tree_round import TreeRounds
 from tree_verify import DraftTree
 
 GREEDY = SamplingParams(max_new_tokens=30, ignore_eos=True)
@@ -145,13 +145,15 @@ def test_planted_tree_round(correct_depth, rank):
     runner = ModelRunner(model, 1, 128, cuda_graphs=False, scratch_slots=64)
     a, d = causal_tree(len(prefix))
     runner.step(torch.tensor([prefix]), torch.tensor([0]), a, d)
-    rounds = TreeRounds(runner, None, ngram=1, depth=4, top_k=3, budget=N)
+    rnd = Round(runner, None, 1, RoundShape(N, 4, 3))
     tree = DraftTree(torch.tensor([tok]), torch.tensor([par]), torch.tensor([dep]), torch.zeros(1, N))
     history = torch.zeros(1, 128, dtype=torch.long)
     history[0, : len(prefix)] = torch.tensor(prefix)
     seq_len = torch.tensor([len(prefix)])
     bs = BatchSampling.from_params([SamplingParams()], "cpu")
-    out, n = rounds.verify(history, seq_len, torch.tensor([g[0]]), tree, tree.tokens, None, bs, len(prefix))
+    out = torch.zeros(1, 4 + 2, dtype=torch.long)
+    _, n = rnd.verify(history, seq_len, torch.tensor([g[0]]), tree.tokens, tree.parents, tree.tokens, None, None,
+                      bs=bs, kv_len=len(prefix) + N + 1, out=out)
     assert int(n) == correct_depth
     assert out[0, : correct_depth + 1].tolist() == g[1 : correct_depth + 2]  # accepted + bonus
     L = len(prefix) + 1 + correct_depth

@@ -157,9 +157,19 @@ class Round:
         nxt.copy_(torch.where(use, bonus, nxt))
 
     def _spec(self, hist, seq, nxt, bs: BatchSampling, kv_len, out):
+        drafted = self._draft(hist, seq, nxt, bs, kv_len)
+        return self.verify(hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=out)
+
+    def verify(self, hist, seq, nxt, tokens, parents, accept_tokens, commit, qs, *, bs: BatchSampling, kv_len,
+               out):
+        """Verify drafted nodes, accept, commit; writes ``out`` [B, D + 2] and returns (bonus, n).
+
+        tokens : [B, N] node tokens; parents : [B, N] (None: a chain); accept_tokens : [B, N] the tokens
+        acceptance compares (-1 marks padding nodes; None for chains); commit : (candidates, expanded_by)
+        of a draft-model tree, or None; qs : the chain's draft distributions when sampling, or None.
+        """
         B = seq.shape[0]
         D = self.shape.depth
-        tokens, parents, accept_tokens, commit, qs = self._draft(hist, seq, nxt, bs, kv_len)
         block = torch.cat([nxt[:, None], tokens], 1)  # [B, N + 1]
         slots = seq[:, None] + self._block_slots
         if parents is None:

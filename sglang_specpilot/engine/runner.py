@@ -175,24 +175,3 @@ class ModelRunner:
         kv_len = min(self.kv.max_seq, _round_up(kv_len, 64))
         mask = window_mask(seq_len, anc.expand(B, Nq, W), kv_len, self.group)
         return self.model(tokens, positions, slots, mask, self.kv.layers, None, self._layer_fn)
-
-    @torch.inference_mode()
-    def step_window(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        seq_len: torch.Tensor,
-        visible: torch.Tensor,
-        *,
-        max_len_hint: int,
-    ) -> torch.Tensor:
-        """Eager step with explicit slots and positions; tokens see the prefix and ``visible`` window slots.
-
-        tokens, positions, slots : [B, N]; seq_len : [B]; visible : [B, N, W] bool (see ``window_mask``);
-        ``max_len_hint`` >= max(seq_len). Returns logits [B, N, V].
-        """
-        W = visible.shape[-1]
-        kv_len = min(self.kv.max_seq, _round_up(max_len_hint + W, 64))
-        mask = window_mask(seq_len, visible, kv_len, self.group)
-        return self.model(tokens, positions, slots, mask, self.kv.layers)
