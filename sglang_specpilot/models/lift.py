@@ -33,7 +33,11 @@ RMSNorm over ``H`` instead of ``h``
     ``eps' = (h * eps - S) / H`` in the config, ``mean_H(x^2) + eps' = (h / H) * (mean_h(x^2) + eps)``
     exactly, so ``x / rms_H = sqrt(H / h) * x / rms_h`` and every norm weight becomes ``sqrt(h / H) * w``
     (0.375 for 576 -> 4096). In fp32 that product is one rounding (2^-24); in bf16 it is a rounding of
-    the norm weights (sqrt(h / H) is not a power of two), a difference of bf16-rounding size.
+    the norm weights (sqrt(h / H) is not a power of two), a difference of bf16-rounding size. No
+    construction makes bf16 runs bit-equal: the normalized activations are ``sqrt(H / h)`` (8/3) times
+    SmolLM2's before bf16 rounds them, and making that factor a power of two would need dyadic scales
+    ``a_k`` of copies of the live block with ``sum a_k^2 = (H / h) / 4^n = 64 / (9 * 4^n)``, which no
+    dyadic sum of squares is.
 
 Rope (rotate-half layout, ``models/rope.py``: dim ``k`` pairs with ``k + D/2`` at frequency
 ``theta^(-2k/D)``)
