@@ -174,3 +174,33 @@ def test_colocate_options_are_checked():
     target = tiny_model()
     with pytest.raises(ValueError, match="draft model"):
         _engine(target, None, "chain", colocate=True, ngram_size=3)
+
+
+@pytest.mark.parametrize("kind", ["ar", "chain", "tree"])
+def test_lookahead_bookkeeping_equals_synchronous(kind):
+    # The lookahead (on by default on CUDA) launches round t + 1 before reading round t: rows that finish
+    # in round t run once more, rows released or re-admitted meanwhile must emit nothing stale. The CPU
+    # runs the same bookkeeping when asked, so it is checked here against the synchronous loop, with rows
+    # finishing at different rounds and requests joining while a round is in flight.
+    target = tiny_model()
+    draft = target.truncated(1)
+    V = target.cfg.vocab_size
+    ps = prompts([5, 17, 3, 9, 12, 7], V, seed=21)
+    lengths = [6, 20, 11, 3, 15, 9]
+    sync = _engine(target, draft, kind, max_batch_size=4)
+    want = [sync.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
+            for p, n in zip(ps, lengths, strict=True)]
+    eng = _engine(target, draft, kind, max_batch_size=4)
+    batch = eng.batch
+    batch.lookahead = True
+    got = eng.generate(ps[:3], [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths[:3]])
+    assert [r.token_ids for r in got] == want[:3]
+    reqs = [eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, lengths,
+                                                                                                    strict=True)]
+    pending = list(reqs)
+    while pending or batch.busy:
+        take = [pending.pop(0) for _ in range(min(len(pending), len(batch.free_rows), 2))]
+        batch.admit(take)  # admitted while the previous round's tokens are still in flight
+        batch.step()
+    assert [r.ids for r in reqs] == want
+    assert batch.free_rows == [0, 1, 2, 3]

@@ -46,6 +46,8 @@ class RowBatch:
         self.engine = engine
         self.state = engine.state
         dev, B = engine.device, engine.options.max_batch_size
+        # On by default where the device runs asynchronously (CUDA); the CPU runs it too when asked
+        # (tests: the bookkeeping of a round in flight is the same).
         self.lookahead = dev.type == "cuda"
         self.host_len = [0] * B  # seq_len as the host knows it (exact up to the round in flight)
         self.rows: list[Request | None] = [None] * B
@@ -59,7 +61,7 @@ class RowBatch:
         # Two pinned host buffers, used in turn: pinned allocation per round costs more than a round.
         width = engine.round.shape.depth + 2
         self._pinned = (
-            [torch.empty((B, width), dtype=torch.long, pin_memory=True) for _ in range(2)] if self.lookahead else []
+            [torch.empty((B, width), dtype=torch.long, pin_memory=True) for _ in range(2)] if dev.type == "cuda" else []
         )
         self._launches = 0
         self.rounds = 0  # row-rounds: one per row in use per step
@@ -166,7 +168,7 @@ class RowBatch:
         lag = eng.round.shape.max_emitted if self._inflight is not None else 0
         max_len = max(self.host_len[:b]) + lag
         eng.run_round(b, bs, max_len)
-        if self.lookahead:
+        if self._pinned:
             host = self._pinned[self._launches % 2][:b]
             host.copy_(st.out[:b], non_blocking=True)
             done = torch.cuda.Event()
