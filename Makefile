@@ -33,6 +33,7 @@ demo: install
 
 test: install-dev install-sglang
 	ruff check .
+	ruff format --check .
 	$(PY) -m pytest -q -m "not gpu"
 
 lint:

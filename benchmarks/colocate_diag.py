@@ -30,8 +30,15 @@ from sglang_specpilot.harness.timing import paired_timing
 from sglang_specpilot.suites.colocate import build_pair
 
 # (block_m, block_n, block_k, split_k) tried for each GEMM pair.
-CONFIGS = [(16, 64, 64, 1), (32, 64, 64, 1), (32, 32, 128, 1), (32, 64, 128, 1), (32, 128, 64, 1),
-           (32, 64, 64, 4), (32, 32, 64, 8)]
+CONFIGS = [
+    (16, 64, 64, 1),
+    (32, 64, 64, 1),
+    (32, 32, 128, 1),
+    (32, 64, 128, 1),
+    (32, 128, 64, 1),
+    (32, 64, 64, 4),
+    (32, 32, 64, 8),
+]
 
 
 def main() -> None:
@@ -49,8 +56,12 @@ def main() -> None:
     res: dict[str, float | bool] = {}
     compiled = not args.eager
     with torch.inference_mode():
-        seq = CoScheduledRound(verify_chain(target, a.t_inputs, compiled), draft_chain(draft, b.d_inputs, compiled),
-                               streams=False, device=dev)
+        seq = CoScheduledRound(
+            verify_chain(target, a.t_inputs, compiled),
+            draft_chain(draft, b.d_inputs, compiled),
+            streams=False,
+            device=dev,
+        )
         d_only, t_only = draft_chain(draft, b.d_inputs, compiled), verify_chain(target, a.t_inputs, compiled)
         rounds = {pr: build_round(target, draft, a, b, JointPlan(priority=pr), compiled=compiled) for pr in PRIORITIES}
         seq.run()
@@ -60,10 +71,14 @@ def main() -> None:
             rnd.capture()
             rnd()
             torch.cuda.synchronize()
-            res[f"identical_{pr}"] = (torch.equal(rnd.target.state["logits"], ref_logits)
-                                      and torch.equal(torch.stack(rnd.draft.state["drafts"], 1), ref_drafts))
-        variants = {"t_only": graph_replay(t_only.run), "d_only": graph_replay(d_only.run),
-                    "seq_graph": graph_replay(seq.run)}
+            res[f"identical_{pr}"] = torch.equal(rnd.target.state["logits"], ref_logits) and torch.equal(
+                torch.stack(rnd.draft.state["drafts"], 1), ref_drafts
+            )
+        variants = {
+            "t_only": graph_replay(t_only.run),
+            "d_only": graph_replay(d_only.run),
+            "seq_graph": graph_replay(seq.run),
+        }
         variants.update({f"anchor_{pr}": rnd.graph.replay for pr, rnd in rounds.items()})
         times = paired_timing(variants, blocks=10, inner=5, device=dev)
         res.update({n: times.median(n) * 1e6 for n in times.names})
@@ -72,23 +87,35 @@ def main() -> None:
         tw, dw = target.layers[layer].mlp.w2.weight, draft.layers[layer].mlp.w2.weight
         tqkv, dgu = target.layers[layer].attn.wqkv.weight, draft.layers[layer].mlp.w13.weight
         pairs = {
-            "down+down": ((torch.randn(h * (gamma + 1), tw.shape[1], device=dev, dtype=dt), tw),
-                          (torch.randn(h, dw.shape[1], device=dev, dtype=dt), dw)),
-            "qkv+gate_up": ((torch.randn(h * (gamma + 1), tqkv.shape[1], device=dev, dtype=dt), tqkv),
-                            (torch.randn(h, dgu.shape[1], device=dev, dtype=dt), dgu)),
+            "down+down": (
+                (torch.randn(h * (gamma + 1), tw.shape[1], device=dev, dtype=dt), tw),
+                (torch.randn(h, dw.shape[1], device=dev, dtype=dt), dw),
+            ),
+            "qkv+gate_up": (
+                (torch.randn(h * (gamma + 1), tqkv.shape[1], device=dev, dtype=dt), tqkv),
+                (torch.randn(h, dgu.shape[1], device=dev, dtype=dt), dgu),
+            ),
         }
         for name, ((tx, tw_), (dx, dw_)) in pairs.items():
             ref = [F.linear(tx, tw_).float(), F.linear(dx, dw_).float()]
             var = {"sep": graph_replay(lambda tx=tx, tw_=tw_, dx=dx, dw_=dw_: (F.linear(tx, tw_), F.linear(dx, dw_)))}
             for bm, bn, bk, sk in CONFIGS:
-                outs = [torch.empty(tx.shape[0], tw_.shape[0], device=dev, dtype=dt),
-                        torch.empty(dx.shape[0], dw_.shape[0], device=dev, dtype=dt)]
-                gg = GroupedGemm([GemmMember(tx, tw_, None, sk), GemmMember(dx, dw_, None, sk)], outs,
-                                 block_m=bm, block_n=bn, block_k=bk)
+                outs = [
+                    torch.empty(tx.shape[0], tw_.shape[0], device=dev, dtype=dt),
+                    torch.empty(dx.shape[0], dw_.shape[0], device=dev, dtype=dt),
+                ]
+                gg = GroupedGemm(
+                    [GemmMember(tx, tw_, None, sk), GemmMember(dx, dw_, None, sk)],
+                    outs,
+                    block_m=bm,
+                    block_n=bn,
+                    block_k=bk,
+                )
                 gg()
                 tag = f"g{bm}x{bn}x{bk}s{sk}"
-                res[f"{name}_err_{tag}"] = max(float((o.float() - r).abs().max() / r.abs().max())
-                                               for o, r in zip(outs, ref, strict=True))
+                res[f"{name}_err_{tag}"] = max(
+                    float((o.float() - r).abs().max() / r.abs().max()) for o, r in zip(outs, ref, strict=True)
+                )
                 var[tag] = graph_replay(gg)
             tt = paired_timing(var, blocks=10, inner=10, device=dev)
             res.update({f"{name}_{n}": tt.median(n) * 1e6 for n in tt.names})

@@ -50,8 +50,9 @@ def _greedy(model, tok, prompts, new, dtype):
     from sglang_specpilot.config import EngineOptions
     from sglang_specpilot.engine import Engine, SamplingParams
 
-    opts = EngineOptions(max_seq_len=512, max_batch_size=len(prompts), device=DEVICE[0], dtype=dtype,
-                         cuda_graphs=False, compile=False)
+    opts = EngineOptions(
+        max_seq_len=512, max_batch_size=len(prompts), device=DEVICE[0], dtype=dtype, cuda_graphs=False, compile=False
+    )
     res = Engine(model, tok, opts).generate(prompts, SamplingParams(max_new_tokens=new, ignore_eos=True), chat=True)
     return [r.token_ids for r in res]
 
@@ -107,13 +108,23 @@ def check_text(args, out: dict) -> None:
         if t is not None:
             lg = score(chat[i], a)[t].float()
             top = lg.topk(2).values
-            first.append({"prompt": i, "position": t, "smollm2_bf16": a[t], "lifted_bf16": b[t],
-                          "fp32_top2_margin": round(float(top[0] - top[1]), 4),
-                          "fp32_margin_of_lifted_token": round(float(top[0] - lg[b[t]]), 4)})
+            first.append(
+                {
+                    "prompt": i,
+                    "position": t,
+                    "smollm2_bf16": a[t],
+                    "lifted_bf16": b[t],
+                    "fp32_top2_margin": round(float(top[0] - top[1]), 4),
+                    "fp32_margin_of_lifted_token": round(float(top[0] - lg[b[t]]), 4),
+                }
+            )
     out["bf16_equal_to_smollm2_bf16"] = got16 == stock16
     out["bf16_first_divergences"] = first
-    out["bf16_forcing"] = {"lifted": sys_rep.to_dict(), "smollm2_bf16": stock_rep.to_dict(),
-                           "verdict": verdict.to_dict()}
+    out["bf16_forcing"] = {
+        "lifted": sys_rep.to_dict(),
+        "smollm2_bf16": stock_rep.to_dict(),
+        "verdict": verdict.to_dict(),
+    }
     out["bf16_forcing_accepted"] = bool(verdict.accepted)
     out["lifted_text_sample"] = tok.decode(got16[0])
     del small, small16, big16, score
@@ -145,8 +156,18 @@ def check_time(args, out: dict) -> None:
     del lifted
     del small
     _free()
-    runners = {k: ModelRunner(m, max(batches), ctx + scratch, cuda_graphs=cuda, graph_batch_sizes=tuple(batches),
-                              scratch_slots=scratch, compile=args.compile) for k, m in models.items()}
+    runners = {
+        k: ModelRunner(
+            m,
+            max(batches),
+            ctx + scratch,
+            cuda_graphs=cuda,
+            graph_batch_sizes=tuple(batches),
+            scratch_slots=scratch,
+            compile=args.compile,
+        )
+        for k, m in models.items()
+    }
     g = torch.Generator().manual_seed(0)
     rows = []
     for n in widths:
@@ -164,13 +185,19 @@ def check_time(args, out: dict) -> None:
             _sync()
             pt = paired_timing(fns, blocks=args.blocks, warmup=3, inner=args.inner, device=dev)
             ratio = pt.ratio("lifted", "synthetic")  # time(lifted) / time(synthetic)
-            rows.append({"batch": b, "width": n, "context": ctx,
-                         "synthetic_ms": round(pt.median("synthetic") * 1e3, 4),
-                         "lifted_ms": round(pt.median("lifted") * 1e3, 4),
-                         "lifted_over_synthetic": round(ratio.ratio, 4),
-                         "ci": [round(ratio.low, 4), round(ratio.high, 4)],
-                         "within_3pct": abs(ratio.ratio - 1) <= 0.03,
-                         "setup_s": round(time.perf_counter() - t0, 1)})
+            rows.append(
+                {
+                    "batch": b,
+                    "width": n,
+                    "context": ctx,
+                    "synthetic_ms": round(pt.median("synthetic") * 1e3, 4),
+                    "lifted_ms": round(pt.median("lifted") * 1e3, 4),
+                    "lifted_over_synthetic": round(ratio.ratio, 4),
+                    "ci": [round(ratio.low, 4), round(ratio.high, 4)],
+                    "within_3pct": abs(ratio.ratio - 1) <= 0.03,
+                    "setup_s": round(time.perf_counter() - t0, 1),
+                }
+            )
     out["timing"] = rows
     out["timing_within_3pct"] = all(r["within_3pct"] for r in rows)
     del runners, models
@@ -201,8 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_specpilot.models.lift import lift_label, load_small
 
     label = lift_label(load_small(args.model)[0].cfg, args.shape)
-    out: dict = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                 "model": args.model or "embedded SmolLM2-135M-Instruct", "label": label, "args": vars(args)}
+    out: dict = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "model": args.model or "embedded SmolLM2-135M-Instruct",
+        "label": label,
+        "args": vars(args),
+    }
     t0 = time.perf_counter()
     if not args.skip_text:
         check_text(args, out)
@@ -216,16 +247,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fp32 greedy equal to SmolLM2: {out['fp32_equal']} (differing prompts: {out['fp32_differing_prompts']})")
     if "bf16_forcing_accepted" in out:
         v = out["bf16_forcing"]
-        print(f"bf16: equal to SmolLM2-bf16: {out['bf16_equal_to_smollm2_bf16']}; forcing mismatches lifted "
-              f"{v['lifted']['mismatches']} vs SmolLM2-bf16 {v['smollm2_bf16']['mismatches']} "
-              f"of {v['lifted']['tokens']}; accepted: {out['bf16_forcing_accepted']}")
+        print(
+            f"bf16: equal to SmolLM2-bf16: {out['bf16_equal_to_smollm2_bf16']}; forcing mismatches lifted "
+            f"{v['lifted']['mismatches']} vs SmolLM2-bf16 {v['smollm2_bf16']['mismatches']} "
+            f"of {v['lifted']['tokens']}; accepted: {out['bf16_forcing_accepted']}"
+        )
         for d in out["bf16_first_divergences"]:
             print(f"  prompt {d['prompt']} parts at {d['position']}: fp32 top-2 margin {d['fp32_top2_margin']}")
     if "timing" in out:
         print(f"{'batch':>5} {'width':>5} {'synthetic ms':>12} {'lifted ms':>10} {'ratio':>7} {'95% CI':>16}  ok")
         for r in out["timing"]:
-            print(f"{r['batch']:>5} {r['width']:>5} {r['synthetic_ms']:>12.3f} {r['lifted_ms']:>10.3f} "
-                  f"{r['lifted_over_synthetic']:>7.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]  {r['within_3pct']}")
+            print(
+                f"{r['batch']:>5} {r['width']:>5} {r['synthetic_ms']:>12.3f} {r['lifted_ms']:>10.3f} "
+                f"{r['lifted_over_synthetic']:>7.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]  {r['within_3pct']}"
+            )
     print(f"{path} ({out['wall_s']} s)")
     return 0
 

@@ -59,8 +59,7 @@ def main(argv=None) -> None:
         doc["logs"] = {}
         for item in a.log:
             name, path = item.split("=", 1)
-            doc["logs"][name] = [ln.rstrip("\n") for ln in Path(path).read_text().splitlines()
-                                 if ln.startswith("[")]
+            doc["logs"][name] = [ln.rstrip("\n") for ln in Path(path).read_text().splitlines() if ln.startswith("[")]
     if a.attach:
         doc["attachments"] = {}
         for item in a.attach:

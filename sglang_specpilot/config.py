@@ -32,6 +32,8 @@ def tree_expansions(depth: int, top_k: int) -> int:
 def tree_candidates(depth: int, top_k: int) -> int:
     """Candidates of a drafter lattice: top_k children of every expanded node."""
     return tree_expansions(depth, top_k) * top_k
+
+
 WEIGHTS = ("bf16", "w12")
 
 

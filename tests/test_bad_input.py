@@ -31,8 +31,16 @@ def test_engine_options_reach_the_runners():
     from sglang_specpilot.engine import Engine
 
     target = tiny_model("tiny-qwen3")
-    opts = EngineOptions(max_seq_len=64, max_batch_size=2, compile=True, cuda_graphs=False, device="cpu",
-                         dtype="float32", num_speculative_tokens=3, graph_batch_sizes=(1, 2))
+    opts = EngineOptions(
+        max_seq_len=64,
+        max_batch_size=2,
+        compile=True,
+        cuda_graphs=False,
+        device="cpu",
+        dtype="float32",
+        num_speculative_tokens=3,
+        graph_batch_sizes=(1, 2),
+    )
     eng = Engine(target, None, opts, target.truncated(1))
     for runner in (eng.target_runner, eng.draft_runner):
         assert runner._layer_fn is not None

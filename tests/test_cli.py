@@ -9,8 +9,9 @@ from conftest import needs_smollm2
 
 
 def run(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "sglang_specpilot.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_specpilot.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @needs_smollm2
@@ -24,8 +25,21 @@ def test_generate_json_smollm2(mode):
 
 
 def test_generate_synthetic_text_mode():
-    p = run("generate", "--prompt", "abc", "--model", "tiny-llama", "--synthetic", "--max-new-tokens", "5",
-            "--mode", "spec", "--draft-layers", "2", "--ignore-eos")
+    p = run(
+        "generate",
+        "--prompt",
+        "abc",
+        "--model",
+        "tiny-llama",
+        "--synthetic",
+        "--max-new-tokens",
+        "5",
+        "--mode",
+        "spec",
+        "--draft-layers",
+        "2",
+        "--ignore-eos",
+    )
     assert p.returncode == 0, p.stderr
     assert "tokens/s" in p.stdout and "mean accepted" in p.stdout
 

@@ -11,11 +11,13 @@ from sglang_specpilot.engine.kv_cache import KVCache
 
 pytestmark = pytest.mark.gpu
 
-PLAN = JointPlan((
-    ConjugatedGroup("gemm", ("target/L0.attn/qkv", "draft/s0.L0.attn/qkv")),
-    ConjugatedGroup("rmsnorm", ("target/L1.mlp/mlp_norm", "draft/s1.L0.mlp/mlp_norm")),
-    ConjugatedGroup("add", ("target/L3.mlp/mlp_add", "draft/s2.L1.mlp/mlp_add")),
-))
+PLAN = JointPlan(
+    (
+        ConjugatedGroup("gemm", ("target/L0.attn/qkv", "draft/s0.L0.attn/qkv")),
+        ConjugatedGroup("rmsnorm", ("target/L1.mlp/mlp_norm", "draft/s1.L0.mlp/mlp_norm")),
+        ConjugatedGroup("add", ("target/L3.mlp/mlp_add", "draft/s2.L1.mlp/mlp_add")),
+    )
+)
 
 
 def _round(plan, *, streams=True, capture=False, compiled=False):
@@ -65,11 +67,20 @@ def test_grouped_gemm_candidates_match_reference(cfg):
         return torch.randn(*s, device="cuda", generator=g).to(torch.bfloat16)
 
     # Decode-like members with odd sizes: 20 target rows, 4 draft rows, a K tail, an N tail.
-    members = [GemmMember(t(20, 1000), t(300, 1000), None, cfg.split_k), GemmMember(t(4, 520), t(77, 520), t(77),
-                                                                                    cfg.split_k)]
+    members = [
+        GemmMember(t(20, 1000), t(300, 1000), None, cfg.split_k),
+        GemmMember(t(4, 520), t(77, 520), t(77), cfg.split_k),
+    ]
     outs = [torch.empty(m.x.shape[0], m.w.shape[0], device="cuda", dtype=torch.bfloat16) for m in members]
-    GroupedGemm(members, outs, block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)()
+    GroupedGemm(
+        members,
+        outs,
+        block_m=cfg.block_m,
+        block_n=cfg.block_n,
+        block_k=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )()
     for y, r in zip(outs, gemm_ref(members), strict=True):
         torch.testing.assert_close(y.float(), r.float(), rtol=2e-2, atol=2e-2 * float(r.abs().max()))
 

@@ -82,10 +82,16 @@ def test_kernel_grouped_gemm_members_do_not_touch_each_other():
 def test_kernel_interleaved_rms_norm_matches_reference(dtype, tol):
     g = torch.Generator().manual_seed(1)
     members = [
-        RMSNormMember(torch.randn(3, 70, generator=g).to(dtype).to(DEVICE),
-                      (1 + 0.1 * torch.randn(70, generator=g)).to(dtype).to(DEVICE), 1e-5),
-        RMSNormMember(torch.randn(7, 33, generator=g).to(dtype).to(DEVICE),
-                      torch.randn(33, generator=g).to(dtype).to(DEVICE), 1e-6),
+        RMSNormMember(
+            torch.randn(3, 70, generator=g).to(dtype).to(DEVICE),
+            (1 + 0.1 * torch.randn(70, generator=g)).to(dtype).to(DEVICE),
+            1e-5,
+        ),
+        RMSNormMember(
+            torch.randn(7, 33, generator=g).to(dtype).to(DEVICE),
+            torch.randn(33, generator=g).to(dtype).to(DEVICE),
+            1e-6,
+        ),
     ]
     for y, r in zip(interleaved_rms_norm(members), rms_norm_ref(members), strict=True):
         _close(y, r, tol)
@@ -95,10 +101,14 @@ def test_kernel_interleaved_rms_norm_matches_reference(dtype, tol):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_interleaved_add_matches_reference(dtype):
     g = torch.Generator().manual_seed(2)
-    members = [AddMember(torch.randn(3, 70, generator=g).to(dtype).to(DEVICE),
-                         torch.randn(3, 70, generator=g).to(dtype).to(DEVICE)),
-               AddMember(torch.randn(1000, generator=g).to(dtype).to(DEVICE),
-                         torch.randn(1000, generator=g).to(dtype).to(DEVICE))]
+    members = [
+        AddMember(
+            torch.randn(3, 70, generator=g).to(dtype).to(DEVICE), torch.randn(3, 70, generator=g).to(dtype).to(DEVICE)
+        ),
+        AddMember(
+            torch.randn(1000, generator=g).to(dtype).to(DEVICE), torch.randn(1000, generator=g).to(dtype).to(DEVICE)
+        ),
+    ]
     for y, r in zip(interleaved_add(members, block=64), add_ref(members), strict=True):
         if dtype == torch.float32:
             assert torch.equal(y, r)

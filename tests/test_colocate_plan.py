@@ -64,11 +64,21 @@ def test_legal_plans_pass(catalog):
         ((G("gemm", "target/L0.attn/qkv", "target/L0.attn/o", "draft/s0.L0.attn/qkv"),), L.DEPENDENT_MEMBERS),
         ((G("gemm", "target/L0.attn/qkv", "draft/s0.L0.attn/qkv", "draft/s0.L1.attn/qkv"),), L.SPANS_SEGMENTS),
         ((QKV, G("rmsnorm", "target/L0.attn/attn_norm", "draft/s1.L0.attn/attn_norm")), L.NOT_INJECTIVE),
-        ((G("gemm", "target/L0.attn/qkv", "draft/s2.L0.attn/qkv"),
-          G("gemm", "target/L1.attn/qkv", "draft/s1.L0.attn/qkv")), L.CYCLE),
+        (
+            (
+                G("gemm", "target/L0.attn/qkv", "draft/s2.L0.attn/qkv"),
+                G("gemm", "target/L1.attn/qkv", "draft/s1.L0.attn/qkv"),
+            ),
+            L.CYCLE,
+        ),
         # One joint node, two groups ordered oppositely: qkv before o in the target, after it in the draft.
-        ((G("gemm", "target/L0.attn/qkv", "draft/s0.L0.attn/o"),
-          G("gemm", "target/L0.attn/o", "draft/s0.L0.attn/qkv")), L.CYCLE),
+        (
+            (
+                G("gemm", "target/L0.attn/qkv", "draft/s0.L0.attn/o"),
+                G("gemm", "target/L0.attn/o", "draft/s0.L0.attn/qkv"),
+            ),
+            L.CYCLE,
+        ),
         ((G("gemm", *QKV.members, block_n=48),), L.BAD_CONFIG),
     ],
 )

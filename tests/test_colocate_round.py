@@ -12,12 +12,14 @@ from sglang_specpilot.engine.attn_meta import build_step_meta, causal_tree
 from sglang_specpilot.engine.colocated import ColocatedDecoder, RoundBuffers, build_round
 from sglang_specpilot.engine.kv_cache import KVCache
 
-PLAN = JointPlan((
-    ConjugatedGroup("gemm", ("target/L0.attn/qkv", "draft/s0.L0.attn/qkv")),
-    ConjugatedGroup("rmsnorm", ("target/L0.attn/attn_norm", "draft/s0.L0.attn/attn_norm")),
-    ConjugatedGroup("gemm", ("target/L1.mlp/down", "draft/s1.L1.mlp/down")),
-    ConjugatedGroup("add", ("target/L3.mlp/mlp_add", "draft/s2.L0.mlp/mlp_add")),
-))
+PLAN = JointPlan(
+    (
+        ConjugatedGroup("gemm", ("target/L0.attn/qkv", "draft/s0.L0.attn/qkv")),
+        ConjugatedGroup("rmsnorm", ("target/L0.attn/attn_norm", "draft/s0.L0.attn/attn_norm")),
+        ConjugatedGroup("gemm", ("target/L1.mlp/down", "draft/s1.L1.mlp/down")),
+        ConjugatedGroup("add", ("target/L3.mlp/mlp_add", "draft/s2.L0.mlp/mlp_add")),
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,9 @@ def test_compiled_operations_match_the_eager_chain(models):
     out = []
     for compiled in (False, True):
         kv = KVCache(target.cfg, 2, 64, "cpu", torch.float32)
-        chain = verify_chain(target, StepInputs(tokens, meta.positions, meta.slots, meta.mask, kv.layers, width=5,
-                                                batch=2), compiled)
+        chain = verify_chain(
+            target, StepInputs(tokens, meta.positions, meta.slots, meta.mask, kv.layers, width=5, batch=2), compiled
+        )
         chain.run()
         out.append((chain.state["logits"], kv.layers))
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-5, atol=1e-5)
@@ -76,8 +79,11 @@ def _round_outputs(models, plan, streams=True, fused=False):
     b.draft_block.copy_(torch.randint(2, 500, (2, 2), generator=g))
     rnd = build_round(target, draft, a, b, plan, streams=streams)
     rnd()
-    return rnd.target.state["logits"], torch.stack(rnd.draft.state["drafts"], 1), torch.stack(
-        rnd.draft.state["draft_logits"], 1)
+    return (
+        rnd.target.state["logits"],
+        torch.stack(rnd.draft.state["drafts"], 1),
+        torch.stack(rnd.draft.state["draft_logits"], 1),
+    )
 
 
 def test_co_scheduled_round_equals_the_conventional_round(models):
@@ -126,6 +132,8 @@ def models32():
 def test_fused_attention_generation_is_lossless(models32, plan):
     target, draft = models32
     ps = prompts([5, 9, 3, 12, 7], target.cfg.vocab_size, seed=3)
-    want = [r.token_ids for r in engine(target, draft, gamma=3).generate(ps, SamplingParams(max_new_tokens=16,
-                                                                                           ignore_eos=True))]
+    want = [
+        r.token_ids
+        for r in engine(target, draft, gamma=3).generate(ps, SamplingParams(max_new_tokens=16, ignore_eos=True))
+    ]
     assert ColocatedDecoder(target, draft, 3, 8, 256, plan=plan, fused=True).generate(ps, 16) == want

@@ -120,11 +120,17 @@ def test_gate_tunes_the_kernel_configuration():
         if g.config == broken:
             raise RuntimeError("out of shared memory")
         n = 24
-        return PairedTimes.from_block_times({"target/T0/gemm": [1.0] * n, "draft/D1/gemm": [1.0] * n,
-                                             "group": [group_ms[g.config] * (1 + 0.001 * (i % 3)) for i in range(n)]})
+        return PairedTimes.from_block_times(
+            {
+                "target/T0/gemm": [1.0] * n,
+                "draft/D1/gemm": [1.0] * n,
+                "group": [group_ms[g.config] * (1 + 0.001 * (i % 3)) for i in range(n)],
+            }
+        )
 
-    ev = PlanEvaluator(cat, lambda p: None, lambda p: {}, group_times, 1.0,
-                       candidates=lambda family: (slow, broken, fast))
+    ev = PlanEvaluator(
+        cat, lambda p: None, lambda p: {}, group_times, 1.0, candidates=lambda family: (slow, broken, fast)
+    )
     verdict = ev.gate(group)
     assert verdict["admitted"] and KernelConfig(**verdict["config"]) == fast
     assert [t.get("error", "")[:12] for t in verdict["tuning"]] == ["", "", "RuntimeError"]

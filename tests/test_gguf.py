@@ -62,9 +62,7 @@ def test_dequantize_matches_gguf_on_quantized_data(qtype, shape):
     assert _same_bits(out, ref)
 
 
-@pytest.mark.parametrize(
-    "qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.BF16, Q.F16]
-)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.BF16, Q.F16])
 def test_dequantize_matches_gguf_on_random_bytes(qtype):
     # Arbitrary bytes: every nibble/bit pattern and every f16 scale, including inf/NaN/subnormals.
     block_size, type_size = GGML_QUANT_SIZES[qtype]
@@ -331,9 +329,7 @@ def test_unsupported_quant_type_names_tensor(tmp_path):
 def test_missing_tensor(tmp_path):
     path = tmp_path / "missing.gguf"
     _write_gguf(path, _tiny_config("llama"), drop="model.layers.1.mlp.up_proj.weight")
-    with pytest.raises(
-        CheckpointError, match=r"missing 1 tensor\(s\): model\.layers\.1\.mlp\.up_proj\.weight"
-    ):
+    with pytest.raises(CheckpointError, match=r"missing 1 tensor\(s\): model\.layers\.1\.mlp\.up_proj\.weight"):
         load_gguf(path)
 
 

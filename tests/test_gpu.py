@@ -64,8 +64,12 @@ def test_tree_attention_kernel_real_shapes(B, N, Hq, Hkv, D):
     v = torch.randn(B, S, Hkv, D, device="cuda", generator=g).bfloat16()
     seq_len = torch.randint(0, S - N, (B,), device="cuda", generator=g)
     anc = torch.ones(N, N, dtype=torch.bool, device="cuda").tril()
-    torch.testing.assert_close(tree_attention(q, k, v, seq_len, anc).float(),
-                               tree_attention_ref(q, k, v, seq_len, anc).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        tree_attention(q, k, v, seq_len, anc).float(),
+        tree_attention_ref(q, k, v, seq_len, anc).float(),
+        atol=2e-2,
+        rtol=2e-2,
+    )
 
 
 def test_fused_attention_graph_equals_sdpa_fp32():

@@ -36,9 +36,7 @@ def test_main_runs_a_suite_and_lists_suites(tmp_path, capsys):
     assert main(["selftest", "--results-dir", str(tmp_path), *SMALL]) == 0
     out = capsys.readouterr().out.strip()
     assert out.endswith("selftest_cpu.json")
-    assert json.loads((tmp_path / "selftest_cpu.json").read_text())["command"].startswith(
-        "specpilot bench selftest"
-    )
+    assert json.loads((tmp_path / "selftest_cpu.json").read_text())["command"].startswith("specpilot bench selftest")
     assert main(["--list"]) == 0 and "selftest" in capsys.readouterr().out
     assert main(["no_such_suite"]) == 2
 
@@ -83,9 +81,7 @@ def test_gpu_slug(name, slug):
     assert gpu_slug(name) == slug
 
 
-README = (
-    "# SpecPilot\n\nIntro.\n\n## Results\n\n<!-- results:begin -->\nold text\n<!-- results:end -->\n\nTail.\n"
-)
+README = "# SpecPilot\n\nIntro.\n\n## Results\n\n<!-- results:begin -->\nold text\n<!-- results:end -->\n\nTail.\n"
 
 
 def test_readme_regeneration_is_idempotent(tmp_path, selftest_file):

@@ -74,8 +74,7 @@ def test_kernel_gain_gate_rejects_noise_that_clears_delta():
     # delta-only gate would admit every noisy estimate above 1.01 (observed: 5 of 20 seeds); the gate
     # admits only estimates about two standard errors high (observed: 1 of 20, about the 2.5% expected).
     verdicts = [
-        kernel_gain_gate(_kernel_times(1.6e-3, seed, jitter=0.1), ["q_proj", "draft_q"], "fused")
-        for seed in range(20)
+        kernel_gain_gate(_kernel_times(1.6e-3, seed, jitter=0.1), ["q_proj", "draft_q"], "fused") for seed in range(20)
     ]
     assert all(v.z * v.s > v.delta for v in verdicts)
     assert sum(v.v > 1 + v.delta for v in verdicts) >= 3

@@ -17,9 +17,7 @@ def test_wilson_matches_closed_form_values():
     assert low == pytest.approx(0.02154, abs=1e-4) and high == pytest.approx(0.11175, abs=1e-4)
     # Zero successes: low is 0 (up to rounding) and high is z^2 / (n + z^2).
     low, high = wilson_interval(0, 1000)
-    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(
-        1.95996**2 / (1000 + 1.95996**2), rel=1e-4
-    )
+    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(1.95996**2 / (1000 + 1.95996**2), rel=1e-4)
 
 
 def test_rate_difference_brackets_the_difference():
@@ -59,9 +57,7 @@ def test_interval_covers_true_ratio_about_95_percent():
     true_ratio, trials, hits = 1.05, 1000, 0
     for seed in range(trials):
         clock = SimulatedClock(seed)
-        times = paired_timing(
-            {"base": clock.work(1.05e-3), "new": clock.work(1e-3)}, blocks=30, warmup=1, clock=clock
-        )
+        times = paired_timing({"base": clock.work(1.05e-3), "new": clock.work(1e-3)}, blocks=30, warmup=1, clock=clock)
         ci = log_ratio_ci(times.block_times("base"), times.block_times("new"), resamples=1000)
         hits += ci.low <= true_ratio <= ci.high
     coverage = hits / trials

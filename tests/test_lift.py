@@ -38,7 +38,7 @@ PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "Explain in two sentences why the sky is blue.",
     "List three uses of a paperclip.",
-    "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n",
+    'def is_prime(n):\n    """Return True if n is prime."""\n',
     "Translate 'good morning' into Spanish and German.",
     "Give me a short poem about the sea.",
     "What is 17 times 23? Show your steps.",
@@ -202,8 +202,9 @@ def test_lifted_pair_speculates_like_the_small_pair(smollm2, drafter):
     target = small.truncated(6)
     big_target = lift_model(target, {**SHAPES["tiny"], "num_layers": 8}, seed=0)
     big_draft = lift_model(drafter, {**SHAPES["tiny-1b"], "num_layers": 3}, seed=1)
-    opts = EngineOptions(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", cuda_graphs=False,
-                         num_speculative_tokens=4)
+    opts = EngineOptions(
+        max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", cuda_graphs=False, num_speculative_tokens=4
+    )
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
     prompts = PROMPTS[:4]
     got = Engine(big_target, tok, opts, big_draft).generate(prompts, params, chat=True)
@@ -240,8 +241,9 @@ def test_folder_roundtrip_and_w12(smollm2, drafter, tmp_path):
     assert ltok.fingerprint == tok.fingerprint
     text = "Lifted models keep SmolLM2's ids: héllo wörld 123 <|im_start|>"
     assert ltok.encode(text) == tok.encode(text) and ltok.decode(ltok.encode(text)) == tok.decode(tok.encode(text))
-    engine = Engine.from_options(EngineOptions(model=str(out), device="cpu", dtype="float32", max_seq_len=128,
-                                               cuda_graphs=False))
+    engine = Engine.from_options(
+        EngineOptions(model=str(out), device="cpu", dtype="float32", max_seq_len=128, cuda_graphs=False)
+    )
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
     assert engine.generate([PROMPTS[0]], params)[0].token_ids == _greedy_raw(ref, tok, PROMPTS[0], 8)
 
@@ -254,8 +256,10 @@ def test_folder_roundtrip_and_w12(smollm2, drafter, tmp_path):
     # (measured 12.01); the 8B composition itself is checked in test_llama31_8b_shapes_and_w12_bits.
     zeros = sum(int((t == 0).sum()) for t in sd.values() if t.dim() == 2)
     zeros_free = (report.w12_bits - ESCAPE_BITS * zeros) / report.w12_weights
-    print(f"W12, SmolLM2 drafter lifted to tiny 1B heads: {report.bits_per_weight:.4f} bits/weight, "
-          f"{zeros_free:.4f} without SmolLM2's zeros")
+    print(
+        f"W12, SmolLM2 drafter lifted to tiny 1B heads: {report.bits_per_weight:.4f} bits/weight, "
+        f"{zeros_free:.4f} without SmolLM2's zeros"
+    )
     assert zeros_free <= 12.1
 
 

@@ -45,8 +45,9 @@ def test_ngram_spec_is_lossless_greedy_and_accepts_repeats():
     ps = [p * 4 for p in prompts([5, 3, 7], target.cfg.vocab_size, seed=11)]
     p = SamplingParams(max_new_tokens=40, ignore_eos=True)
     ar = [r.token_ids for r in engine(target).generate(ps, p)]
-    opts = EngineOptions(max_seq_len=256, max_batch_size=8, num_speculative_tokens=4, ngram_size=3, device="cpu",
-                         dtype="float32")
+    opts = EngineOptions(
+        max_seq_len=256, max_batch_size=8, num_speculative_tokens=4, ngram_size=3, device="cpu", dtype="float32"
+    )
     res = Engine(target, WordTokenizer(), opts).generate(ps, p)
     assert [r.token_ids for r in res] == ar
     assert all(r.mean_accepted >= 1.0 for r in res)
@@ -61,12 +62,14 @@ def test_ngram_spec_sampling_distribution():
     ar = engine(target, max_batch=1)
     p1 = ar.teacher_force_logits(prompt, [0])[0].softmax(-1).double()
     marginal = sum(p1[t] * ar.teacher_force_logits(prompt + [t], [0])[0].softmax(-1).double() for t in range(V))
-    opts = EngineOptions(max_seq_len=64, max_batch_size=64, num_speculative_tokens=3, ngram_size=2, device="cpu",
-                         dtype="float32")
+    opts = EngineOptions(
+        max_seq_len=64, max_batch_size=64, num_speculative_tokens=3, ngram_size=2, device="cpu", dtype="float32"
+    )
     spec = Engine(target, WordTokenizer(), opts)
     counts = torch.zeros(V, dtype=torch.float64)
     for seed in range(40):
-        for r in spec.generate([prompt] * 64, SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed,
-                                                             ignore_eos=True)):
+        for r in spec.generate(
+            [prompt] * 64, SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed, ignore_eos=True)
+        ):
             counts[r.token_ids[1]] += 1
     assert chi2(counts, marginal) < CHI2_999[V - 1]

@@ -188,15 +188,18 @@ def test_lookahead_bookkeeping_equals_synchronous(kind):
     ps = prompts([5, 17, 3, 9, 12, 7], V, seed=21)
     lengths = [6, 20, 11, 3, 15, 9]
     sync = _engine(target, draft, kind, max_batch_size=4)
-    want = [sync.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
-            for p, n in zip(ps, lengths, strict=True)]
+    want = [
+        sync.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
+        for p, n in zip(ps, lengths, strict=True)
+    ]
     eng = _engine(target, draft, kind, max_batch_size=4)
     batch = eng.batch
     batch.lookahead = True
     got = eng.generate(ps[:3], [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths[:3]])
     assert [r.token_ids for r in got] == want[:3]
-    reqs = [eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, lengths,
-                                                                                                    strict=True)]
+    reqs = [
+        eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, lengths, strict=True)
+    ]
     pending = list(reqs)
     while pending or batch.busy:
         take = [pending.pop(0) for _ in range(min(len(pending), len(batch.free_rows), 2))]

@@ -23,8 +23,10 @@ def test_joining_and_leaving_rows_equals_alone(drafter):
     vocab = eng.target.cfg.vocab_size
     ps = prompts([5, 17, 3, 9, 12, 7], vocab, seed=11)
     lengths = [6, 20, 11, 3, 15, 9]
-    alone = [eng.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
-             for p, n in zip(ps, lengths, strict=True)]
+    alone = [
+        eng.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
+        for p, n in zip(ps, lengths, strict=True)
+    ]
     batch = RowBatch(eng)
     reqs = {}
     for i, (p, n) in enumerate(zip(ps, lengths, strict=True)):

@@ -38,9 +38,7 @@ def _config(arch: str = "llama", **overrides) -> ModelConfig:
 
 def _weights(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(config.num_layers)
-    return {
-        name: torch.randn(shape, generator=g).to(dtype) for name, shape in expected_shapes(config).items()
-    }
+    return {name: torch.randn(shape, generator=g).to(dtype) for name, shape in expected_shapes(config).items()}
 
 
 @pytest.mark.parametrize(
@@ -100,9 +98,7 @@ def _shard(tmp_path, config, index: bool) -> dict[str, torch.Tensor]:
         save_file({k: weights[k] for k in keys}, str(tmp_path / file))
     if index:
         weight_map = {k: file for file, keys in parts.items() for k in keys}
-        (tmp_path / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {}, "weight_map": weight_map})
-        )
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return weights
 
 
@@ -194,9 +190,7 @@ def test_missing_tensor(tmp_path):
             }
         )
     )
-    with pytest.raises(
-        CheckpointError, match=r"missing 1 tensor\(s\): model\.layers\.2\.mlp\.down_proj\.weight"
-    ):
+    with pytest.raises(CheckpointError, match=r"missing 1 tensor\(s\): model\.layers\.2\.mlp\.down_proj\.weight"):
         load_safetensors_folder(tmp_path)
 
 

@@ -44,8 +44,9 @@ def test_non_streaming_chat_and_completion(client):
 
 def test_streaming_equals_non_streaming(client):
     full = chat(client, "Write one word about the sea.", max_tokens=10)
-    stream = chat(client, "Write one word about the sea.", max_tokens=10, stream=True,
-                  stream_options={"include_usage": True})
+    stream = chat(
+        client, "Write one word about the sea.", max_tokens=10, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -92,8 +93,14 @@ def test_sixteen_concurrent_clients(client, live_server):
 
 def test_disconnect_mid_stream_frees_every_row(live_server):
     before = live_server.metrics()
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.Client(timeout=60) as http, http.stream("POST", live_server.url + "/v1/completions", json=body) as r:
         assert r.status_code == 200
         got = []
@@ -106,8 +113,11 @@ def test_disconnect_mid_stream_frees_every_row(live_server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(live_server.url + "/v1/completions", json={**body, "stream": False}, timeout=2.0)
     after = live_server.wait_idle(timeout=30)
-    assert after["specpilot_requests_total{outcome=\"cancelled\"}"] - before.get(
-        "specpilot_requests_total{outcome=\"cancelled\"}", 0) == 2
+    assert (
+        after['specpilot_requests_total{outcome="cancelled"}']
+        - before.get('specpilot_requests_total{outcome="cancelled"}', 0)
+        == 2
+    )
     # Neither request ran to its 400 tokens.
     assert after["specpilot_generation_tokens_total"] - before["specpilot_generation_tokens_total"] < 400
     # A client that left is counted (499), never a server error.
@@ -129,8 +139,18 @@ def test_prompt_too_long_is_a_400(client):
 def test_greedy_equals_specpilot_generate(client, chat_mode):
     prompt = "Write a Python function that reverses a string." if chat_mode else "def fibonacci(n):"
     engine_args = SERVE_ARGS[1:]  # the same engine options as the server (minus the batch size)
-    cmd = [sys.executable, "-m", "sglang_specpilot.cli", "generate", "--prompt", prompt, "--max-new-tokens", "16",
-           "--json", *engine_args] + ([] if chat_mode else ["--no-chat"])
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_specpilot.cli",
+        "generate",
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        "16",
+        "--json",
+        *engine_args,
+    ] + ([] if chat_mode else ["--no-chat"])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     ref = json.loads(p.stdout.strip().splitlines()[-1])

@@ -134,11 +134,13 @@ def test_server_args_policy_defaults_and_checks():
     with pytest.raises(ValueError, match="draft-model-path"):
         server_args_policy.apply_defaults(_args(speculative_draft_model_path=None))
     # 2 steps of top-2: 2 + 4 candidates, so at most 7 verify tokens with the root.
-    server_args_policy.apply_defaults(_args(speculative_num_steps=2, speculative_eagle_topk=2,
-                                            speculative_num_draft_tokens=7))
+    server_args_policy.apply_defaults(
+        _args(speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=7)
+    )
     with pytest.raises(ValueError, match="2..7"):
-        server_args_policy.apply_defaults(_args(speculative_num_steps=2, speculative_eagle_topk=2,
-                                                speculative_num_draft_tokens=8))
+        server_args_policy.apply_defaults(
+            _args(speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=8)
+        )
 
 
 def test_policy_runs_sglangs_standalone_handling_under_our_name():

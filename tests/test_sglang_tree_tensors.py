@@ -34,12 +34,8 @@ def test_small_batch_matches_hand_built_tensors():
     assert torch.equal(got.draft_token, torch.tensor([10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 30, 31, 32, 33, 34]))
     assert torch.equal(got.positions, torch.tensor([3, 4, 4, 5, 5, 1, 2, 3, 4, 5, 2, 3, 4, 3, 3]))
     assert torch.equal(got.retrive_index, torch.arange(15).reshape(3, 5))
-    assert torch.equal(
-        got.retrive_next_token, torch.tensor([[1, 3, 4, -1, -1], [1, 2, 3, 4, -1], [1, 2, -1, -1, -1]])
-    )
-    assert torch.equal(
-        got.retrive_next_sibling, torch.tensor([[-1, 2, -1, -1, -1], [-1] * 5, [-1, 3, -1, 4, -1]])
-    )
+    assert torch.equal(got.retrive_next_token, torch.tensor([[1, 3, 4, -1, -1], [1, 2, 3, 4, -1], [1, 2, -1, -1, -1]]))
+    assert torch.equal(got.retrive_next_sibling, torch.tensor([[-1, 2, -1, -1, -1], [-1] * 5, [-1, 3, -1, 4, -1]]))
     mask0 = [  # 3 prefix columns, then ancestor-or-self over the 5 block entries
         [T, T, T, T, F, F, F, F],
         [T, T, T, T, T, F, F, F],

@@ -26,8 +26,9 @@ def humaneval():
 
 def test_chat_answer(smollm2):
     target, tok, opts = smollm2
-    res = Engine(target, tok, opts).generate(["What is the capital of France?"], SamplingParams(max_new_tokens=20),
-                                             chat=True)[0]
+    res = Engine(target, tok, opts).generate(
+        ["What is the capital of France?"], SamplingParams(max_new_tokens=20), chat=True
+    )[0]
     assert "Paris" in res.text and res.finish_reason == "stop"
 
 

@@ -69,9 +69,7 @@ def test_chatml_template():
 
 def test_template_helpers_like_hf():
     tok = Tokenizer.synthetic(300)
-    tok.chat_template = (
-        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok"
-    )
+    tok.chat_template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok"
     with pytest.raises(TemplateError, match="first must be user"):
         tok.apply_chat_template(CHAT)
     tok = Tokenizer.synthetic(300)

@@ -152,8 +152,19 @@ def test_planted_tree_round(correct_depth, rank):
     seq_len = torch.tensor([len(prefix)])
     bs = BatchSampling.from_params([SamplingParams()], "cpu")
     out = torch.zeros(1, 4 + 2, dtype=torch.long)
-    _, n = rnd.verify(history, seq_len, torch.tensor([g[0]]), tree.tokens, tree.parents, tree.tokens, None, None,
-                      bs=bs, kv_len=len(prefix) + N + 1, out=out)
+    _, n = rnd.verify(
+        history,
+        seq_len,
+        torch.tensor([g[0]]),
+        tree.tokens,
+        tree.parents,
+        tree.tokens,
+        None,
+        None,
+        bs=bs,
+        kv_len=len(prefix) + N + 1,
+        out=out,
+    )
     assert int(n) == correct_depth
     assert out[0, : correct_depth + 1].tolist() == g[1 : correct_depth + 2]  # accepted + bonus
     L = len(prefix) + 1 + correct_depth

@@ -131,9 +131,7 @@ def test_best_first_ties_keep_parents_first():
 
 def test_lattice_rejects_bad_input():
     with pytest.raises(ValueError):
-        Lattice(
-            torch.tensor([0]), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2)
-        )  # parent not earlier
+        Lattice(torch.tensor([0]), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2))  # parent not earlier
     with pytest.raises(ValueError):
         Lattice(torch.tensor([-1]), torch.zeros(1, 2, dtype=torch.long), torch.full((1, 2), 0.1))
     with pytest.raises(ValueError):
@@ -183,9 +181,7 @@ def test_ancestor_mask_and_positions(seed):
     assert torch.equal(ancestor_mask(par), torch.stack([anc_reference(t.parents.tolist()) for t in trees]))
     bt = DraftTree(par, par, torch.stack([t.depths for t in trees]), par.float())
     pre = torch.tensor([3, 0, 100])
-    assert torch.equal(
-        positions(bt, pre), torch.stack([positions(t, int(p)) for t, p in zip(trees, pre, strict=True)])
-    )
+    assert torch.equal(positions(bt, pre), torch.stack([positions(t, int(p)) for t, p in zip(trees, pre, strict=True)]))
 
 
 def test_chain():
@@ -234,9 +230,7 @@ def test_greedy_match_at_depth_and_sibling_rank(depth, rank):
                 nxt.append(len(tokens) - 1)
         frontier = nxt
     n = len(tokens)
-    tree = DraftTree(
-        torch.tensor(tokens), torch.tensor(parents), torch.zeros(n, dtype=torch.long), torch.zeros(n)
-    )
+    tree = DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.zeros(n, dtype=torch.long), torch.zeros(n))
     children = {u: [i for i, p in enumerate(parents) if p == u] for u in [-1, *range(n)]}
     target = torch.full((n + 1,), 5)
     node, want = -1, [0]
@@ -300,9 +294,7 @@ def run_sampling(mode: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
                 tp.append(p1)  # the third token is not checked
                 dp.append(q1)
         n = len(tokens)
-        tree = DraftTree(
-            torch.tensor(tokens), torch.tensor(parents), torch.zeros(n, dtype=torch.long), torch.zeros(n)
-        )
+        tree = DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.zeros(n, dtype=torch.long), torch.zeros(n))
         path, final = accept_sampling(tree, torch.stack(tp), torch.stack(dp), mode=mode, generator=g)
         emitted = [tokens[i - 1] for i in path[1:]] + [final]
         first[emitted[0]] += 1

@@ -92,9 +92,7 @@ def test_odd_shapes(shape):
 
 def test_many_chunks_match_one(monkeypatch):
     gen = torch.Generator().manual_seed(1)
-    w = (torch.randn(37, 33, generator=gen) * torch.exp2(torch.randn(37, 1, generator=gen) * 20)).to(
-        torch.bfloat16
-    )
+    w = (torch.randn(37, 33, generator=gen) * torch.exp2(torch.randn(37, 1, generator=gen) * 20)).to(torch.bfloat16)
     one = encode(w)
     monkeypatch.setattr(codec, "_CHUNK_WEIGHTS", 70)  # 2 rows per chunk, 19 chunks
     many = assert_round_trip(w)
@@ -161,9 +159,7 @@ def test_encode_refuses_other_dtypes_and_ranks():
 
 
 def test_to_bf16_exact():
-    exact32 = (bits(torch.tensor([1.5, -0.0, float("inf")]).to(torch.bfloat16)).int() << 16).view(
-        torch.float32
-    )
+    exact32 = (bits(torch.tensor([1.5, -0.0, float("inf")]).to(torch.bfloat16)).int() << 16).view(torch.float32)
     assert torch.equal(bits(to_bf16_exact(exact32)), bits(exact32.to(torch.bfloat16)))
     snan = torch.tensor([0x7FA00000], dtype=torch.int32).view(torch.float32)  # payload survives
     assert bits(to_bf16_exact(snan)).item() == 0x7FA0

@@ -439,9 +439,7 @@ def compile_sm90(kernel, types: dict, constexprs: dict, divisible: set, num_warp
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(k.asm["cubin"])
             f.flush()
-            usage = subprocess.run(
-                [cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True
-            ).stdout
+            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     return k, usage
 
 
@@ -480,12 +478,8 @@ def test_kernels_compile_for_sm90(M, N, K, view8, with_bias):
         DOT_PRECISION="tf32",
         ESC_PRECISION="tf32x3",
     )
-    divisible = {
-        n for n, v in (("N", N), ("K", K), ("Q", K // 4), ("stride_xm", K), ("stride_ym", N)) if v % 16 == 0
-    }
-    k, usage = compile_sm90(
-        _w12_gemm_kernel, GEMM_ARG_TYPES, consts, divisible, cfg.num_warps, cfg.num_stages
-    )
+    divisible = {n for n, v in (("N", N), ("K", K), ("Q", K // 4), ("stride_xm", K), ("stride_ym", N)) if v % 16 == 0}
+    k, usage = compile_sm90(_w12_gemm_kernel, GEMM_ARG_TYPES, consts, divisible, cfg.num_warps, cfg.num_stages)
     ptx = k.asm["ptx"]
     assert ("0x07F007F0" if view8 else "0x4342") in ptx  # our inline decode (its constants) is in
     assert ("wgmma" in ptx) == cfg.use_dot  # Hopper tensor cores when asked for
@@ -597,9 +591,7 @@ def test_kernel_one_hot_x_reproduces_weights(cfg):
 
 
 @kernel_case
-@pytest.mark.parametrize(
-    "cfg,M", [(GemmConfig(64, 128, split_k=2), 3), (GemmConfig(32, 64, use_dot=True), 17)]
-)
+@pytest.mark.parametrize("cfg,M", [(GemmConfig(64, 128, split_k=2), 3), (GemmConfig(32, 64, use_dot=True), 17)])
 def test_kernel_nonfinite_escapes_stay_in_their_rows(cfg, M):
     x = torch.randn(M, 200, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEVICE)
     check_nonfinite_escapes(lambda x, w: w12_gemm(x, w, config=cfg), make_weight(70, 200, specials=False).to(DEVICE), x)
@@ -678,9 +670,7 @@ def test_gpu_llama8b_projections(proj):
         ref = w12_gemm_ref(x, w, out_dtype=torch.float32)
         assert_within(w12_gemm(x, w), ref, gemm_tolerance(x, w, ref), f"{proj} M={M}")
         ref8 = w12_view8_gemm_ref(x, w, out_dtype=torch.float32)
-        assert_within(
-            w12_view8_gemm(x, w), ref8, gemm_tolerance(x, w, ref8, view8=True), f"{proj} view8 M={M}"
-        )
+        assert_within(w12_view8_gemm(x, w), ref8, gemm_tolerance(x, w, ref8, view8=True), f"{proj} view8 M={M}")
     del w
     torch.cuda.empty_cache()
 

@@ -80,8 +80,10 @@ def check(x, w, *, view8=False, bias=None, **kw):
 
 
 @gpu
-@pytest.mark.parametrize("M,N,K", [(1, 6144, 4096), (3, 1000, 576), (17, 333, 1536), (64, 4096, 1024),
-                                   (100, 130, 128), (32, 2048, 14336 // 2)])
+@pytest.mark.parametrize(
+    "M,N,K",
+    [(1, 6144, 4096), (3, 1000, 576), (17, 333, 1536), (64, 4096, 1024), (100, 130, 128), (32, 2048, 14336 // 2)],
+)
 @pytest.mark.parametrize("cfg", [MmaConfig(16, 8), MmaConfig(32, 4), MmaConfig(16, 2, splits=3)])
 def test_gpu_matches_reference(M, N, K, cfg):
     w = encode(weight(N, K, seed=N + K))

@@ -139,9 +139,7 @@ def validate(w12: W12Tensor, name: str = "w12") -> None:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise W12FormatError(f"{name}: {field} must be {dtype}, got {got}")
         if shape is not None and tuple(t.shape) != shape:
-            raise W12FormatError(
-                f"{name}: {field} has shape {tuple(t.shape)}, expected {shape} for [N, K]={N, K}"
-            )
+            raise W12FormatError(f"{name}: {field} has shape {tuple(t.shape)}, expected {shape} for [N, K]={N, K}")
     idx, val = w12.esc_idx, w12.esc_val
     if idx.dim() != 1 or val.dim() != 1 or idx.numel() != val.numel():
         raise W12FormatError(
@@ -153,9 +151,7 @@ def validate(w12: W12Tensor, name: str = "w12") -> None:
         raise W12FormatError(f"{name}: odd K={K} but the padding nibble of lo is not 0")
     if idx.numel():
         if int(idx[0]) < 0 or int(idx[-1]) >= N * K:
-            raise W12FormatError(
-                f"{name}: esc_idx out of range [0, {N * K}): {int(idx.min())}..{int(idx.max())}"
-            )
+            raise W12FormatError(f"{name}: esc_idx out of range [0, {N * K}): {int(idx.min())}..{int(idx.max())}")
         if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
             raise W12FormatError(f"{name}: esc_idx is not strictly increasing")
         row, col = idx // K, idx % K

@@ -63,9 +63,7 @@ class W12Linear(nn.Module):
     @property
     def weight_w12(self) -> W12Tensor:
         """The record as a ``W12Tensor`` view of the buffers (no copy)."""
-        return W12Tensor(
-            self.hi, self.lo, self.base, self.esc_idx, self.esc_val, (self.out_features, self.in_features)
-        )
+        return W12Tensor(self.hi, self.lo, self.base, self.esc_idx, self.esc_val, (self.out_features, self.in_features))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The escape count is part of the record: take the loaded escapes' shape, re-derive the row pointer.
@@ -82,21 +80,15 @@ class W12Linear(nn.Module):
         """Exact: ``x [..., K]`` (bf16 for the kernel) -> ``[..., N]``."""
         w = self.weight_w12
         if self._kernel_here(x):
-            return w12_gemm(
-                x, w, self.bias, esc_row_ptr=self.esc_row_ptr, counters=self.counters, backend=self.backend
-            )
-        return F.linear(
-            x, decode_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        )
+            return w12_gemm(x, w, self.bias, esc_row_ptr=self.esc_row_ptr, counters=self.counters, backend=self.backend)
+        return F.linear(x, decode_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def forward_view8(self, x: torch.Tensor) -> torch.Tensor:
         """Approximate (8-bit view: hi plane only, escapes ignored): ``x [..., K]`` -> ``[..., N]``."""
         w = self.weight_w12
         if self._kernel_here(x):
             return w12_view8_gemm(x, w, self.bias, counters=self.counters, backend=self.backend)
-        return F.linear(
-            x, decode_view8_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        )
+        return F.linear(x, decode_view8_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
         return (

@@ -14,9 +14,7 @@ class Progress:
     line is written, so logs hold one line per task instead of thousands.
     """
 
-    def __init__(
-        self, total: float, label: str, *, unit: str = "", stream: TextIO | None = None, enabled=True
-    ):
+    def __init__(self, total: float, label: str, *, unit: str = "", stream: TextIO | None = None, enabled=True):
         self.total, self.label, self.unit = max(float(total), 1e-9), label, unit
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled

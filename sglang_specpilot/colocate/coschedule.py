@@ -85,8 +85,9 @@ class CoScheduledRound:
         False runs both chains on the caller's stream (the conventional round: draft, then target).
     """
 
-    def __init__(self, target: Chain, draft: Chain, plan: JointPlan | None = None, *, device=None,
-                 streams: bool = True):
+    def __init__(
+        self, target: Chain, draft: Chain, plan: JointPlan | None = None, *, device=None, streams: bool = True
+    ):
         self.target, self.draft = target, draft
         self.plan = plan or JointPlan()
         self.catalog = {**target.catalog(), **draft.catalog()}
@@ -133,7 +134,7 @@ class CoScheduledRound:
         nxt = {"target": 0, "draft": 0}
         for _g, positions, realized in units:
             for model, pos in positions.items():
-                for op in segs[model].ops[nxt[model]:pos]:
+                for op in segs[model].ops[nxt[model] : pos]:
                     op.run(states[model])
             if realized is not None:
                 realized.run()
@@ -143,7 +144,7 @@ class CoScheduledRound:
             for model, pos in positions.items():
                 nxt[model] = pos + 1
         for model in ("target", "draft"):
-            for op in segs[model].ops[nxt[model]:]:
+            for op in segs[model].ops[nxt[model] :]:
                 op.run(states[model])
 
     def run(self) -> None:

@@ -184,8 +184,17 @@ class GroupedGemm:
         Tile sizes (powers of two, >= 16 for ``tl.dot``).
     """
 
-    def __init__(self, members: list[GemmMember], outs: list[torch.Tensor], *, block_m: int = 16,
-                 block_n: int = 64, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
+    def __init__(
+        self,
+        members: list[GemmMember],
+        outs: list[torch.Tensor],
+        *,
+        block_m: int = 16,
+        block_n: int = 64,
+        block_k: int = 64,
+        num_warps: int = 4,
+        num_stages: int = 3,
+    ):
         if not members:
             raise ValueError("a grouped GEMM needs at least one member")
         dtype, dev = members[0].x.dtype, members[0].x.device
@@ -249,8 +258,9 @@ class GroupedGemm:
         return self.outs
 
 
-def grouped_gemm(members: list[GemmMember], *, block_m: int = 16, block_n: int = 64,
-                 block_k: int = 64) -> list[torch.Tensor]:
+def grouped_gemm(
+    members: list[GemmMember], *, block_m: int = 16, block_n: int = 64, block_k: int = 64
+) -> list[torch.Tensor]:
     """One-shot grouped GEMM: returns ``[x_k @ w_k^T + b_k]`` computed in one launch (see GroupedGemm)."""
     outs = [torch.empty(m.x.shape[0], m.w.shape[0], dtype=m.x.dtype, device=m.x.device) for m in members]
     return GroupedGemm(members, outs, block_m=block_m, block_n=block_n, block_k=block_k)()

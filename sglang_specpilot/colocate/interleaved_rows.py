@@ -108,8 +108,12 @@ class InterleavedRMSNorm:
         for k, (m, y) in enumerate(zip(members, outs, strict=True)):
             if m.x.dim() != 2 or m.x.stride(1) != 1 or y.shape != m.x.shape or m.w.shape != (m.x.shape[1],):
                 raise ValueError(f"member {k}: x [R, H] row-contiguous, w [H], y like x")
-            rows.append([[k, r, m.x.data_ptr(), m.w.data_ptr(), y.data_ptr(), m.x.shape[1], m.x.stride(0),
-                          y.stride(0)] for r in range(m.x.shape[0])])
+            rows.append(
+                [
+                    [k, r, m.x.data_ptr(), m.w.data_ptr(), y.data_ptr(), m.x.shape[1], m.x.stride(0), y.stride(0)]
+                    for r in range(m.x.shape[0])
+                ]
+            )
         self.members, self.outs, self.dtype = members, outs, dtype
         self.block_h = triton.next_power_of_2(max(m.x.shape[1] for m in members))
         self.use_kernel = kernel_available(dev)

@@ -147,8 +147,14 @@ def _placement_problems(plan: JointPlan, catalog: dict[str, OpInfo]) -> list[Fee
     distinct = sorted({(n.target, n.draft) for n in nodes.values()})
     for (i1, j1), (i2, j2) in zip(distinct, distinct[1:], strict=False):
         if i1 < i2 and j1 >= j2:
-            out.append(Feedback(CYCLE, "", f"J({i1},{j1}) then J({i2},{j2}): the map is not increasing in the "
-                                           "draft chain, so each node would wait for the other"))
+            out.append(
+                Feedback(
+                    CYCLE,
+                    "",
+                    f"J({i1},{j1}) then J({i2},{j2}): the map is not increasing in the "
+                    "draft chain, so each node would wait for the other",
+                )
+            )
     # Inside one joint node, groups run in one order; every member's segment must agree with it.
     for node in set(nodes.values()):
         keys = [g for g in plan.groups if nodes.get(g.key) == node]

@@ -51,8 +51,15 @@ class RealizedGroup:
             outs.append(out)
             self.outputs.append((out, op.writes, tuple(op.shape), state))
         if group.family == "gemm":
-            self.kernel = GroupedGemm(kernel_members, outs, block_m=cfg.block_m, block_n=cfg.block_n,
-                                      block_k=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            self.kernel = GroupedGemm(
+                kernel_members,
+                outs,
+                block_m=cfg.block_m,
+                block_n=cfg.block_n,
+                block_k=cfg.block_k,
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+            )
         elif group.family == "rmsnorm":
             self.kernel = InterleavedRMSNorm(kernel_members, outs)
         else:

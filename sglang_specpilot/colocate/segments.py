@@ -97,8 +97,14 @@ class Chain:
             deps = seg.deps()
             for pos, op in enumerate(seg.ops):
                 out[self.op_id(si, pos)] = OpInfo(
-                    model=self.model, segment=si, position=pos, family=op.family, deps=tuple(sorted(deps[pos])),
-                    work=float(op.work), shape=tuple(op.shape), elem_bytes=op.dtype.itemsize,
+                    model=self.model,
+                    segment=si,
+                    position=pos,
+                    family=op.family,
+                    deps=tuple(sorted(deps[pos])),
+                    work=float(op.work),
+                    shape=tuple(op.shape),
+                    elem_bytes=op.dtype.itemsize,
                 )
         return out
 
@@ -124,7 +130,8 @@ class _Fns:
             # Each (function, shapes) pair is one cache entry; a round has a handful per model.
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             torch._dynamo.config.accumulated_cache_size_limit = max(
-                torch._dynamo.config.accumulated_cache_size_limit, 512)
+                torch._dynamo.config.accumulated_cache_size_limit, 512
+            )
             fns = {k: torch.compile(f, fullgraph=True, dynamic=False) for k, f in fns.items()}
         self.norm, self.core, self.act = fns["norm"], fns["core"], fns["act"]
 
@@ -152,8 +159,9 @@ def _add_op(name: str, a: str, b: str, dst: str, rows: int, shape, dtype) -> Op:
     return Op(name, "add", (a, b), dst, run, 3.0 * rows * shape[-1] * dtype.itemsize, {}, tuple(shape), dtype)
 
 
-def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str, compiled: bool = False
-                  ) -> list[Segment]:
+def step_segments(
+    model: Transformer, step: StepInputs, prefix: str, head: str, compiled: bool = False
+) -> list[Segment]:
     """Segments of one forward step of ``model``: embed, (attn, mlp) per layer, head.
 
     ``head`` is ``"logits"`` (write ``state["logits"]`` [B, N, V]) or ``"argmax"`` (draft: append the last
@@ -178,8 +186,19 @@ def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str, 
         k_cache, v_cache = step.kv[li]
 
         def core(state, attn=layer.attn, k_cache=k_cache, v_cache=v_cache):
-            state["o_in"] = fns.core(attn, state["qkv"], state["cos"], state["sin"], k_cache, v_cache,
-                                     state["batch_idx"], step.slots, step.mask, step.seq_len, step.anc)
+            state["o_in"] = fns.core(
+                attn,
+                state["qkv"],
+                state["cos"],
+                state["sin"],
+                k_cache,
+                v_cache,
+                state["batch_idx"],
+                step.slots,
+                step.mask,
+                step.seq_len,
+                step.anc,
+            )
 
         def act(state):
             state["act"] = fns.act(state["gu"])
@@ -201,6 +220,7 @@ def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str, 
         segs += [Segment(f"{prefix}L{li}.attn", attn_ops), Segment(f"{prefix}L{li}.mlp", mlp_ops)]
 
     if head == "logits":
+
         def logits(state):
             state["logits"] = model.lm_head(state["xf"])
 
@@ -209,6 +229,7 @@ def step_segments(model: Transformer, step: StepInputs, prefix: str, head: str, 
             Op("lm_head", "other", ("xf",), "logits", logits, shape=(B, N, cfg.vocab_size), dtype=dtype),
         ]
     else:
+
         def argmax(state):
             # Same as the engine's draft: full logits of the step, the last row's argmax.
             logits = model.lm_head(state["xf"])[:, -1]

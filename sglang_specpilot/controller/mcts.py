@@ -50,9 +50,19 @@ class Node:
 class MCTS:
     """Plan search; ``evaluate(plan) -> Evaluation`` measures a plan (through the harness on a GPU)."""
 
-    def __init__(self, proposer: Proposer, evaluate: Callable[[JointPlan], Evaluation], ctx: ProposalContext,
-                 *, beta: float = 1.0, alpha: float = 1.0, kappa: float = 0.5, proposals: int = 4,
-                 root: JointPlan | None = None, state_path: str | Path | None = None):
+    def __init__(
+        self,
+        proposer: Proposer,
+        evaluate: Callable[[JointPlan], Evaluation],
+        ctx: ProposalContext,
+        *,
+        beta: float = 1.0,
+        alpha: float = 1.0,
+        kappa: float = 0.5,
+        proposals: int = 4,
+        root: JointPlan | None = None,
+        state_path: str | Path | None = None,
+    ):
         self.proposer, self.evaluate_fn, self.ctx = proposer, evaluate, ctx
         self.beta, self.alpha, self.kappa, self.m = beta, alpha, kappa, proposals
         self.state_path = Path(state_path) if state_path else None
@@ -69,8 +79,14 @@ class MCTS:
     def _evaluate(self, plan: JointPlan) -> float:
         if plan.key not in self.records:
             ev = self.evaluate_fn(plan)
-            self.records[plan.key] = {"plan": plan.key, "plan_json": plan.to_dict(), "reward": ev.reward,
-                                      "feedback": ev.feedback, "verdicts": ev.verdicts, "info": ev.info}
+            self.records[plan.key] = {
+                "plan": plan.key,
+                "plan_json": plan.to_dict(),
+                "reward": ev.reward,
+                "feedback": ev.feedback,
+                "verdicts": ev.verdicts,
+                "info": ev.info,
+            }
             self.ctx.history.append(self.records[plan.key])
         r = self.records[plan.key]["reward"]
         return FAILED_REWARD if r is None else float(r)
@@ -127,8 +143,10 @@ class MCTS:
                 self.save()
                 return key
             ln = math.log(node.visits + 1)
-            key = max(node.children, key=lambda c: self._q(self.nodes[c])
-                      + self.beta * math.sqrt(ln / max(1, self.nodes[c].visits)))
+            key = max(
+                node.children,
+                key=lambda c: self._q(self.nodes[c]) + self.beta * math.sqrt(ln / max(1, self.nodes[c].visits)),
+            )
 
     def run(self, iterations: int) -> JointPlan:
         for _ in range(iterations):
@@ -146,8 +164,17 @@ class MCTS:
         return {
             "root": self.root,
             "params": {"beta": self.beta, "alpha": self.alpha, "kappa": self.kappa, "proposals": self.m},
-            "nodes": {k: {"plan": n.plan.to_dict(), "parent": n.parent, "children": n.children, "visits": n.visits,
-                          "value": n.value, "exhausted": n.exhausted} for k, n in self.nodes.items()},
+            "nodes": {
+                k: {
+                    "plan": n.plan.to_dict(),
+                    "parent": n.parent,
+                    "children": n.children,
+                    "visits": n.visits,
+                    "value": n.value,
+                    "exhausted": n.exhausted,
+                }
+                for k, n in self.nodes.items()
+            },
             "records": self.records,
         }
 
@@ -159,8 +186,16 @@ class MCTS:
 
     def _restore(self, d: dict) -> None:
         self.root = d["root"]
-        self.nodes = {k: Node(JointPlan.from_dict(n["plan"]), n["parent"], list(n["children"]), int(n["visits"]),
-                              float(n["value"]), exhausted=bool(n.get("exhausted", False)))
-                      for k, n in d["nodes"].items()}
+        self.nodes = {
+            k: Node(
+                JointPlan.from_dict(n["plan"]),
+                n["parent"],
+                list(n["children"]),
+                int(n["visits"]),
+                float(n["value"]),
+                exhausted=bool(n.get("exhausted", False)),
+            )
+            for k, n in d["nodes"].items()
+        }
         self.records = dict(d["records"])
         self.ctx.history = list(self.records.values())

@@ -38,8 +38,9 @@ class NumericVerdict:
     detail: str
 
 
-def numerical_check(ref: torch.Tensor, cand: torch.Tensor, *, rel_tol: float = REL_TOL,
-                    tie_eps: float | None = None) -> NumericVerdict:
+def numerical_check(
+    ref: torch.Tensor, cand: torch.Tensor, *, rel_tol: float = REL_TOL, tie_eps: float | None = None
+) -> NumericVerdict:
     """Compare candidate logits with the reference's, both [..., V].
 
     Relative agreement: ``max |cand - ref| <= rel_tol * max |ref|`` per row. An argmax may differ only where
@@ -48,7 +49,7 @@ def numerical_check(ref: torch.Tensor, cand: torch.Tensor, *, rel_tol: float = R
     """
     r, c = ref.float().reshape(-1, ref.shape[-1]), cand.float().reshape(-1, ref.shape[-1])
     scale = r.abs().amax(-1).clamp_min(1e-30)
-    rel = ((c - r).abs().amax(-1) / scale)
+    rel = (c - r).abs().amax(-1) / scale
     top2 = r.topk(2, dim=-1).values
     margin = top2[:, 0] - top2[:, 1]
     eps = rel_tol * scale if tie_eps is None else torch.full_like(scale, tie_eps)
@@ -57,8 +58,10 @@ def numerical_check(ref: torch.Tensor, cand: torch.Tensor, *, rel_tol: float = R
     bad = int((diff & ~ties).sum())
     worst = float(rel.max()) if rel.numel() else 0.0
     ok = worst <= rel_tol and bad == 0
-    detail = f"max relative error {worst:.2e} (limit {rel_tol:.0e}); argmax mismatches {int(diff.sum())}, " \
-             f"{int(ties.sum())} at near-ties"
+    detail = (
+        f"max relative error {worst:.2e} (limit {rel_tol:.0e}); argmax mismatches {int(diff.sum())}, "
+        f"{int(ties.sum())} at near-ties"
+    )
     return NumericVerdict(ok, worst, int(diff.sum()), int(ties.sum()), detail)
 
 
@@ -93,10 +96,20 @@ class PlanEvaluator:
     speedup_of_anchor : the anchor's speedup over the faster conventional baseline (``anchor_speedup``)
     """
 
-    def __init__(self, catalog: dict[str, OpInfo], build: Callable[[JointPlan], Callable[[], object]],
-                 outputs: Callable[[JointPlan], dict], group_times: Callable[[ConjugatedGroup], PairedTimes],
-                 speedup_of_anchor: float, *, device: str = "cpu", blocks: int = 20, inner: int = 1,
-                 warmup: int = 2, candidates: Callable[[str], tuple[KernelConfig, ...]] = kernel_candidates):
+    def __init__(
+        self,
+        catalog: dict[str, OpInfo],
+        build: Callable[[JointPlan], Callable[[], object]],
+        outputs: Callable[[JointPlan], dict],
+        group_times: Callable[[ConjugatedGroup], PairedTimes],
+        speedup_of_anchor: float,
+        *,
+        device: str = "cpu",
+        blocks: int = 20,
+        inner: int = 1,
+        warmup: int = 2,
+        candidates: Callable[[str], tuple[KernelConfig, ...]] = kernel_candidates,
+    ):
         self.catalog, self.build, self.outputs, self.group_times = catalog, build, outputs, group_times
         self.speedup_of_anchor = speedup_of_anchor
         self.device, self.blocks, self.inner, self.warmup = device, blocks, inner, warmup
@@ -117,12 +130,19 @@ class PlanEvaluator:
                     continue
                 tried.append((kernel_gain_gate(times, list(group.members), "group").to_dict(), cfg))
             if not tried:
-                self.verdicts[group.key] = {"admitted": False, "reason": "no candidate configuration ran",
-                                            "v": 0.0, "tuning": errors}
+                self.verdicts[group.key] = {
+                    "admitted": False,
+                    "reason": "no candidate configuration ran",
+                    "v": 0.0,
+                    "tuning": errors,
+                }
                 return self.verdicts[group.key]
             best, cfg = max(tried, key=lambda t: t[0]["v"])
-            self.verdicts[group.key] = {**best, "config": asdict(cfg),
-                                        "tuning": [{"config": asdict(c), "v": t["v"]} for t, c in tried] + errors}
+            self.verdicts[group.key] = {
+                **best,
+                "config": asdict(cfg),
+                "tuning": [{"config": asdict(c), "v": t["v"]} for t, c in tried] + errors,
+            }
         return self.verdicts[group.key]
 
     def restore(self, records) -> None:
@@ -134,8 +154,12 @@ class PlanEvaluator:
 
     def tuned(self, plan: JointPlan) -> JointPlan:
         """``plan`` with each gated group's kernel configuration replaced by its tuned one."""
-        groups = [g.with_config(KernelConfig(**self.verdicts[g.key]["config"]))
-                  if "config" in self.verdicts.get(g.key, {}) else g for g in plan.groups]
+        groups = [
+            g.with_config(KernelConfig(**self.verdicts[g.key]["config"]))
+            if "config" in self.verdicts.get(g.key, {})
+            else g
+            for g in plan.groups
+        ]
         return replace(plan, groups=tuple(groups))
 
     def __call__(self, plan: JointPlan) -> Evaluation:
@@ -161,8 +185,14 @@ class PlanEvaluator:
             fb = [{"code": NUMERICS, "group": "", "detail": f"{k}: {v.detail}"} for k, v in bad.items()]
             return Evaluation(None, fb, verdicts, info)
         variants = {"anchor": self.anchor, "candidate": self.build(plan), "control": self.build(plan.control())}
-        times = paired_timing(variants, order=anchor_candidate_control_order(), blocks=self.blocks,
-                              warmup=self.warmup, inner=self.inner, device=self.device)
+        times = paired_timing(
+            variants,
+            order=anchor_candidate_control_order(),
+            blocks=self.blocks,
+            warmup=self.warmup,
+            inner=self.inner,
+            device=self.device,
+        )
         info["anchor_over_candidate"] = paired_ratio_median(times, "anchor", "candidate")
         info["anchor_over_control"] = paired_ratio_median(times, "anchor", "control")
         info["control_over_candidate"] = paired_ratio_median(times, "control", "candidate")

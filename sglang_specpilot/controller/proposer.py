@@ -47,9 +47,13 @@ class EditProposer:
     def _free(self, plan: JointPlan, catalog: dict[str, OpInfo]) -> dict[str, tuple[list[str], list[str]]]:
         """Per family, the target and draft operations no group of ``plan`` uses yet."""
         used = set(plan.ops())
-        return {f: ([o for o, i in catalog.items() if i.family == f and i.model == "target" and o not in used],
-                    [o for o, i in catalog.items() if i.family == f and i.model == "draft" and o not in used])
-                for f in self.families}
+        return {
+            f: (
+                [o for o, i in catalog.items() if i.family == f and i.model == "target" and o not in used],
+                [o for o, i in catalog.items() if i.family == f and i.model == "draft" and o not in used],
+            )
+            for f in self.families
+        }
 
     def _structural(self, plan: JointPlan) -> list[tuple[str, JointPlan]]:
         """The merge, remove, split and priority edits of ``plan`` (unchecked; few: they act on its groups)."""
@@ -62,7 +66,7 @@ class EditProposer:
                 merged = ConjugatedGroup(ga.family, ga.members + gb.members, ga.config)
                 out.append(("merge", plan.with_groups([*rest, merged])))
         for k, g in enumerate(groups):
-            rest = groups[:k] + groups[k + 1:]
+            rest = groups[:k] + groups[k + 1 :]
             out.append(("remove", plan.with_groups(rest)))
             for r in range(2, len(g.members) - 1):
                 for part in itertools.combinations(g.members, r):

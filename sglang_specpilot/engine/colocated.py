@@ -52,8 +52,18 @@ class RoundBuffers:
     otherwise SDPA with a dense [B, 1, N * G, kv_len] mask.
     """
 
-    def __init__(self, target: Transformer, draft: Transformer, t_kv, d_kv, lo: int, hi: int, gamma: int,
-                 kv_len: int, fused: bool | None = None):
+    def __init__(
+        self,
+        target: Transformer,
+        draft: Transformer,
+        t_kv,
+        d_kv,
+        lo: int,
+        hi: int,
+        gamma: int,
+        kv_len: int,
+        fused: bool | None = None,
+    ):
         dev = target.embed.weight.device
         self.lo, self.hi, self.gamma, self.kv_len = lo, hi, gamma, kv_len
         self.fused = fused_attention_ok(target) and fused_attention_ok(draft) if fused is None else fused
@@ -72,16 +82,33 @@ class RoundBuffers:
             meta = _static_meta(start, anc, depth, kv_len, d_group, not self.fused)
             self.draft_steps.append((s - 1 if s == 0 else s, start, anc, depth, meta, d_group))
         anc, depth = causal_tree(gamma + 1, dev)
-        self.verify_meta = (0, self.seq_len, anc, depth,
-                            _static_meta(self.seq_len, anc, depth, kv_len, t_group, not self.fused), t_group)
+        self.verify_meta = (
+            0,
+            self.seq_len,
+            anc,
+            depth,
+            _static_meta(self.seq_len, anc, depth, kv_len, t_group, not self.fused),
+            t_group,
+        )
 
         def inputs(step, tokens, kv, width):
             _, start, anc, _, meta, _ = step
-            return StepInputs(tokens, meta.positions, meta.slots, meta.mask, kv, start if self.fused else None,
-                              anc if self.fused else None, width=width, batch=B)
+            return StepInputs(
+                tokens,
+                meta.positions,
+                meta.slots,
+                meta.mask,
+                kv,
+                start if self.fused else None,
+                anc if self.fused else None,
+                width=width,
+                batch=B,
+            )
 
-        self.d_inputs = [inputs(st, self.draft_block if s == 0 else None, _rows(d_kv, lo, hi), 2 if s == 0 else 1)
-                         for s, st in enumerate(self.draft_steps)]
+        self.d_inputs = [
+            inputs(st, self.draft_block if s == 0 else None, _rows(d_kv, lo, hi), 2 if s == 0 else 1)
+            for s, st in enumerate(self.draft_steps)
+        ]
         self.t_inputs = inputs(self.verify_meta, self.verify_block, _rows(t_kv, lo, hi), gamma + 1)
 
     def load(self, seq_len: torch.Tensor) -> None:
@@ -97,8 +124,16 @@ class RoundBuffers:
                 meta.mask.copy_(fresh.mask)
 
 
-def build_round(target, draft, verify_bufs: RoundBuffers, draft_bufs: RoundBuffers, plan: JointPlan | None = None,
-                *, streams: bool = True, compiled: bool = False) -> CoScheduledRound:
+def build_round(
+    target,
+    draft,
+    verify_bufs: RoundBuffers,
+    draft_bufs: RoundBuffers,
+    plan: JointPlan | None = None,
+    *,
+    streams: bool = True,
+    compiled: bool = False,
+) -> CoScheduledRound:
     """One co-scheduled round: verify ``verify_bufs``' group while drafting for ``draft_bufs``' group
     (``compiled``: the operations between GEMMs compiled, see ``colocate.segments``)."""
     t = verify_chain(target, verify_bufs.t_inputs, compiled)
@@ -123,9 +158,19 @@ class ColocatedDecoder:
     compiled : bool; compile the operations between GEMMs (``colocate.segments``), as the suites do
     """
 
-    def __init__(self, target: Transformer, draft: Transformer, gamma: int, max_batch: int, max_seq: int,
-                 plan: JointPlan | None = None, scratch: int = 64, fused: bool | None = None,
-                 graphs: bool | None = None, compiled: bool = False):
+    def __init__(
+        self,
+        target: Transformer,
+        draft: Transformer,
+        gamma: int,
+        max_batch: int,
+        max_seq: int,
+        plan: JointPlan | None = None,
+        scratch: int = 64,
+        fused: bool | None = None,
+        graphs: bool | None = None,
+        compiled: bool = False,
+    ):
         self.target, self.draft, self.gamma, self.plan, self.fused = target, draft, gamma, plan, fused
         on_cuda = target.embed.weight.device.type == "cuda"
         self.graphs = on_cuda if graphs is None else graphs and on_cuda
@@ -163,11 +208,15 @@ class ColocatedDecoder:
         out = [[int(t)] for t in next_tok.tolist()]
         h = B // 2
         groups = [(0, h), (h, B)]
-        bufs = [RoundBuffers(self.target, self.draft, self.t_kv, self.d_kv, lo, hi, g, self.kv_len, self.fused)
-                for lo, hi in groups]
+        bufs = [
+            RoundBuffers(self.target, self.draft, self.t_kv, self.d_kv, lo, hi, g, self.kv_len, self.fused)
+            for lo, hi in groups
+        ]
         # rounds[x] verifies group x and drafts for group 1 - x; built once, re-run every round.
-        rounds = [build_round(self.target, self.draft, bufs[x], bufs[1 - x], self.plan, compiled=self.compiled)
-                  for x in (0, 1)]
+        rounds = [
+            build_round(self.target, self.draft, bufs[x], bufs[1 - x], self.plan, compiled=self.compiled)
+            for x in (0, 1)
+        ]
         drafts: list[torch.Tensor | None] = [None, None]
 
         def load_draft(x):
@@ -235,13 +284,24 @@ class ColocatedRound:
         self.groups = [(0, h), (h, R)]
         self.kv_len = target_runner.kv.max_seq
         self.bufs = [
-            RoundBuffers(self.target, self.draft, target_runner.kv, draft_runner.kv, lo, hi, gamma, self.kv_len,
-                         fused=target_runner.round_fused and draft_runner.round_fused)
+            RoundBuffers(
+                self.target,
+                self.draft,
+                target_runner.kv,
+                draft_runner.kv,
+                lo,
+                hi,
+                gamma,
+                self.kv_len,
+                fused=target_runner.round_fused and draft_runner.round_fused,
+            )
             for lo, hi in self.groups
         ]
         compiled = target_runner._layer_fn is not None
-        self.rounds = [build_round(self.target, self.draft, self.bufs[x], self.bufs[1 - x], plan, compiled=compiled)
-                       for x in (0, 1)]
+        self.rounds = [
+            build_round(self.target, self.draft, self.bufs[x], self.bufs[1 - x], plan, compiled=compiled)
+            for x in (0, 1)
+        ]
         self.graphs = target_runner.use_graphs
         self.drafts = torch.zeros(R, gamma, dtype=torch.long, device=dev)
         self.turn = 0  # the half verified next

@@ -62,9 +62,9 @@ def expand_lattice(
     ar2 = torch.arange(2, device=dev)
     prev = history.gather(1, (seq_len - 1)[:, None])
     pos0 = (seq_len - 1)[:, None] + ar2
-    logits = runner.forward(
-        torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _TRIL2.get(dev), kv_len
-    )[:, -1]
+    logits = runner.forward(torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _TRIL2.get(dev), kv_len)[
+        :, -1
+    ]
     qs = []
 
     def children(logits):

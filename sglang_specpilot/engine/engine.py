@@ -92,8 +92,10 @@ class Engine:
         need_pos = options.max_seq_len + scratch_slots(options)
         for m in (target, draft):
             if m is not None and m.rope.shape[0] < need_pos:
-                raise ValueError(f"model was built for {m.rope.shape[0]} positions; the engine needs {need_pos} "
-                                 "(build_model(max_positions=...) >= max_seq_len + scratch)")
+                raise ValueError(
+                    f"model was built for {m.rope.shape[0]} positions; the engine needs {need_pos} "
+                    "(build_model(max_positions=...) >= max_seq_len + scratch)"
+                )
         kw = dict(
             cuda_graphs=options.cuda_graphs,
             graph_batch_sizes=options.graph_batch_sizes,
@@ -161,8 +163,10 @@ class Engine:
         say("warm-up: prefill shapes")
         self._warm_prefill(ladder)
         for i, b in enumerate(ladder):
-            say(f"warm-up: compiling and capturing the round for batch {b} ({i + 1}/{len(ladder)}, "
-                f"{time.perf_counter() - t0:.1f} s so far)")
+            say(
+                f"warm-up: compiling and capturing the round for batch {b} ({i + 1}/{len(ladder)}, "
+                f"{time.perf_counter() - t0:.1f} s so far)"
+            )
             self.captured.capture(b, BatchSampling.from_params([SamplingParams()] * b, self.device))
         torch.cuda.synchronize()
         self.warmup_s = time.perf_counter() - t0
@@ -182,8 +186,7 @@ class Engine:
                 for w in widths:
                     toks = torch.zeros(b, w, dtype=torch.long, device=self.device)
                     rows = torch.zeros(b, 1, dtype=torch.long, device=self.device)
-                    runner.step(toks, seq, *causal_tree(w, self.device), max_len_hint=0,
-                                logit_rows=rows, eager=True)
+                    runner.step(toks, seq, *causal_tree(w, self.device), max_len_hint=0, logit_rows=rows, eager=True)
 
     def run_round(self, b: int, bs: BatchSampling, max_len: int | None) -> None:
         """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds

@@ -28,8 +28,14 @@ def _build(read, options: EngineOptions, seed: int, weights: str) -> Transformer
     cfg, state_dict, _ = read
     n_pos = options.max_seq_len + scratch_slots(options)
     synthetic_seed = seed if state_dict is None else None
-    model = build_model(cfg, device=options.device, dtype=options.torch_dtype, state_dict=state_dict,
-                        synthetic_seed=synthetic_seed, max_positions=n_pos)
+    model = build_model(
+        cfg,
+        device=options.device,
+        dtype=options.torch_dtype,
+        state_dict=state_dict,
+        synthetic_seed=synthetic_seed,
+        max_positions=n_pos,
+    )
     return to_w12(model) if weights == "w12" else model
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 
-def ngram_draft(history: torch.Tensor, seq_len: torch.Tensor, next_tok: torch.Tensor, n_max: int,
-                gamma: int) -> torch.Tensor:
+def ngram_draft(
+    history: torch.Tensor, seq_len: torch.Tensor, next_tok: torch.Tensor, n_max: int, gamma: int
+) -> torch.Tensor:
     """Draft ``gamma`` tokens per row [B, gamma].
 
     The row's sequence is ``history[b, :seq_len[b]]`` followed by ``next_tok[b]`` (length L). For n from

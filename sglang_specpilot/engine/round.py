@@ -160,8 +160,7 @@ class Round:
         drafted = self._draft(hist, seq, nxt, bs, kv_len)
         return self.verify(hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=out)
 
-    def verify(self, hist, seq, nxt, tokens, parents, accept_tokens, commit, qs, *, bs: BatchSampling, kv_len,
-               out):
+    def verify(self, hist, seq, nxt, tokens, parents, accept_tokens, commit, qs, *, bs: BatchSampling, kv_len, out):
         """Verify drafted nodes, accept, commit; writes ``out`` [B, D + 2] and returns (bonus, n).
 
         tokens : [B, N] node tokens; parents : [B, N] (None: a chain); accept_tokens : [B, N] the tokens

@@ -92,7 +92,8 @@ class ModelRunner:
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             torch._dynamo.config.accumulated_cache_size_limit = max(
-                torch._dynamo.config.accumulated_cache_size_limit, 512)
+                torch._dynamo.config.accumulated_cache_size_limit, 512
+            )
             self._layer_fn = torch.compile(run_block, fullgraph=True, dynamic=False)
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         # Rounds (engine/round.py) attend with the fused kernel wherever it runs natively.
@@ -102,14 +103,16 @@ class ModelRunner:
         self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False
     ) -> torch.Tensor:
         meta = build_step_meta(seq_len, anc, depth, kv_len, self.group, with_mask=not fused_attention)
-        return self.model(tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn,
-                          seq_len, anc)
+        return self.model(
+            tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn, seq_len, anc
+        )
 
     def _graph_fn(self, tokens, seq_len, anc, depth, kv_len) -> torch.Tensor:
         # Graph steps are narrow (N <= verify width) and attend over the whole cache capacity, which is
         # where the fused kernel pays: it reads only each row's live slots. Prefill keeps SDPA.
-        return self._forward(tokens, seq_len, anc, depth, kv_len, layer_fn=self._layer_fn,
-                             fused_attention=self.fused_attention)
+        return self._forward(
+            tokens, seq_len, anc, depth, kv_len, layer_fn=self._layer_fn, fused_attention=self.fused_attention
+        )
 
     @torch.inference_mode()
     def capture(self, widths: tuple[int, ...]) -> None:

@@ -142,9 +142,7 @@ def kernel_gain_gate(
     threshold = 1.0 + max(delta, z * s)
     admitted = ci.ratio > threshold
     relation = ">" if admitted else "<="
-    reason = (
-        f"v(g) {ci.ratio:.4f} {relation} 1 + max(delta {delta:.4f}, z {z:.2f} x s {s:.4f}) = {threshold:.4f}"
-    )
+    reason = f"v(g) {ci.ratio:.4f} {relation} 1 + max(delta {delta:.4f}, z {z:.2f} x s {s:.4f}) = {threshold:.4f}"
     return KernelGainVerdict(
         admitted=bool(admitted),
         group=group,

@@ -60,9 +60,7 @@ def floor_time(flops: float, nbytes: float, peaks: Peaks) -> Floor:
     )
 
 
-def gemm_floor(
-    M: int, N: int, K: int, peaks: Peaks, *, weight_bytes: float = 2.0, act_bytes: float = 2.0
-) -> Floor:
+def gemm_floor(M: int, N: int, K: int, peaks: Peaks, *, weight_bytes: float = 2.0, act_bytes: float = 2.0) -> Floor:
     """Floor of ``Y[M, N] = X[M, K] @ W[N, K]^T``.
 
     FLOPs ``2 M N K``; bytes ``N K weight_bytes`` (weights read once) ``+ (M K + M N) act_bytes``

@@ -199,9 +199,7 @@ def _time_wall(runners: list[_Rotation], slots: list[int], blocks: int, inner: i
     return raw
 
 
-def _time_cuda(
-    runners: list[_Rotation], slots: list[int], blocks: int, inner: int, device: torch.device
-) -> np.ndarray:
+def _time_cuda(runners: list[_Rotation], slots: list[int], blocks: int, inner: int, device: torch.device) -> np.ndarray:
     with torch.cuda.device(device):
         events = [
             [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in slots]

@@ -189,8 +189,7 @@ def compare_forcing(
         )
     if system.large_margin > stock.large_margin:
         reasons.append(
-            f"{system.large_margin} large-margin mismatches (margin > {system.eps}) vs stock's "
-            f"{stock.large_margin}"
+            f"{system.large_margin} large-margin mismatches (margin > {system.eps}) vs stock's {stock.large_margin}"
         )
     return ForcingVerdict(
         accepted=not reasons,

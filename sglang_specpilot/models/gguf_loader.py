@@ -210,15 +210,11 @@ def _dequantize_np(data: np.ndarray, qtype: int | GGMLQuantizationType, shape: t
     except ValueError:
         raise CheckpointError(f"unknown ggml tensor type {qtype}") from None
     if qtype not in _BLOCK_DEQUANT and qtype not in (Q.F32, Q.F16, Q.BF16):
-        raise CheckpointError(
-            f"tensor type {qtype.name} is not supported; supported: {', '.join(SUPPORTED_QTYPES)}"
-        )
+        raise CheckpointError(f"tensor type {qtype.name} is not supported; supported: {', '.join(SUPPORTED_QTYPES)}")
     n_elem = math.prod(shape)
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if n_elem % block_size:
-        raise CheckpointError(
-            f"{qtype.name} tensor of shape {shape} is not a whole number of {block_size}-blocks"
-        )
+        raise CheckpointError(f"{qtype.name} tensor of shape {shape} is not a whole number of {block_size}-blocks")
     n_blocks = n_elem // block_size
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     if raw.size != n_blocks * type_size:

@@ -137,12 +137,24 @@ SHAPES: dict[str, dict] = {
     "llama-3.1-8b": PRESETS["llama-3.1-8b"],
     "llama-3.2-1b": PRESETS["llama-3.2-1b"],
     "tiny": dict(
-        vocab_size=50000, hidden_size=640, intermediate_size=1600, num_layers=32, num_heads=32, num_kv_heads=8,
-        head_dim=128, tie_word_embeddings=False,
+        vocab_size=50000,
+        hidden_size=640,
+        intermediate_size=1600,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
     ),
     "tiny-1b": dict(
-        vocab_size=50000, hidden_size=640, intermediate_size=1600, num_layers=16, num_heads=32, num_kv_heads=8,
-        head_dim=64, tie_word_embeddings=True,
+        vocab_size=50000,
+        hidden_size=640,
+        intermediate_size=1600,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
     ),
 }
 _SHAPE_LABELS = {
@@ -152,7 +164,13 @@ _SHAPE_LABELS = {
     "tiny-1b": "tiny (Llama-3.2-1B heads)",
 }
 _SHAPE_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
     "tie_word_embeddings",
 )
 
@@ -344,10 +362,7 @@ class _Lifter:
             out[pre + "mlp.down_proj.weight"] = rnd.tiny((H, b.intermediate_size), key + "down")
         else:
             q = rnd.tiny((qn, H), key + "q")  # dead dims of live heads
-            small_q = [
-                _widen(q_s[self.small_rows(i)], H, rnd, key + f"q{i}") * p.q_scale
-                for i in range(s.num_heads)
-            ]
+            small_q = [_widen(q_s[self.small_rows(i)], H, rnd, key + f"q{i}") * p.q_scale for i in range(s.num_heads)]
             for bh, sh in enumerate(p.q_src):
                 if sh < 0:
                     q[bh * b.head_dim : (bh + 1) * b.head_dim] = rnd.normal((b.head_dim, H), key + f"qd{bh}", sq)
@@ -451,7 +466,10 @@ def plan_lift(
 
 
 def lifted_tensors(
-    small_cfg: ModelConfig, small_sd: dict[str, torch.Tensor], shape: str | dict, seed: int = 0,
+    small_cfg: ModelConfig,
+    small_sd: dict[str, torch.Tensor],
+    shape: str | dict,
+    seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
     """(lifted config, iterator of its HF-named fp32 tensors on ``device``); nothing is held but one layer."""
@@ -607,13 +625,18 @@ def save_lifted(
                 log(f"wrote {fname[i]}")
     if any(left):
         raise RuntimeError(f"lift did not produce every tensor ({sum(left)} missing)")
-    index = {"metadata": {"total_size": sum(nbytes.values()), "specpilot": cfg.name},
-             "weight_map": {n: fname[shard_of[n]] for n in order}}
+    index = {
+        "metadata": {"total_size": sum(nbytes.values()), "specpilot": cfg.name},
+        "weight_map": {n: fname[shard_of[n]] for n in order},
+    }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     hf = config_to_hf(cfg, dtype)
     hf["specpilot_lift"] = {
-        "label": cfg.name, "source": small.cfg.name, "shape": shape if isinstance(shape, str) else "custom",
-        "seed": seed, "note": "stand-in for timing: SmolLM2's function at the shapes above, not a real model",
+        "label": cfg.name,
+        "source": small.cfg.name,
+        "shape": shape if isinstance(shape, str) else "custom",
+        "seed": seed,
+        "note": "stand-in for timing: SmolLM2's function at the shapes above, not a real model",
     }
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     if tokenizer is not None:
@@ -627,10 +650,17 @@ def main(argv: list[str] | None = None) -> int:
         description="Lift a small Llama model (default: the embedded SmolLM2-135M-Instruct) into bigger tensor "
         "shapes with the same greedy output; writes a safetensors folder (a timing stand-in).",
     )
-    ap.add_argument("--model", default=None, help="GGUF file, safetensors folder or shared-head drafter folder "
-                    "(default: the embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--target", default=None, help="for a shared-head drafter: the model whose embedding and head "
-                    "it borrows (default: the embedded SmolLM2)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="GGUF file, safetensors folder or shared-head drafter folder "
+        "(default: the embedded SmolLM2-135M-Instruct)",
+    )
+    ap.add_argument(
+        "--target",
+        default=None,
+        help="for a shared-head drafter: the model whose embedding and head it borrows (default: the embedded SmolLM2)",
+    )
     ap.add_argument("--shape", default="llama-3.1-8b", choices=list(SHAPES))
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
@@ -640,8 +670,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         small, tok = load_small(args.model, args.target)
-        cfg = save_lifted(args.out, small, tok, args.shape, args.seed, getattr(torch, args.dtype),
-                          int(args.shard_size * 2**30), args.device, log=lambda m: print(m, file=sys.stderr))
+        cfg = save_lifted(
+            args.out,
+            small,
+            tok,
+            args.shape,
+            args.seed,
+            getattr(torch, args.dtype),
+            int(args.shard_size * 2**30),
+            args.device,
+            log=lambda m: print(m, file=sys.stderr),
+        )
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"specpilot lift: error: {e}", file=sys.stderr)
         return 2
@@ -650,6 +689,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
-    "SHAPES", "LiftPlan", "lift_model", "lifted_tensors", "plan_lift", "save_lifted", "load_small", "sequence_logits",
+    "SHAPES",
+    "LiftPlan",
+    "lift_model",
+    "lifted_tensors",
+    "plan_lift",
+    "save_lifted",
+    "load_small",
+    "sequence_logits",
     "main",
 ]

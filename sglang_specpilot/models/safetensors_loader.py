@@ -138,8 +138,6 @@ def save_safetensors_folder(
     }
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     dtype = state_dict["model.embed_tokens.weight"].dtype
-    (path / "config.json").write_text(
-        json.dumps(config_to_hf(config, dtype), indent=2) + "\n", encoding="utf-8"
-    )
+    (path / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2) + "\n", encoding="utf-8")
     if tokenizer is not None:
         tokenizer.save(path)

@@ -114,9 +114,7 @@ def _lone_surrogate(text: str) -> int | None:
     return None
 
 
-def _tojson(
-    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False
-) -> str:
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False) -> str:
     # Like HF: jinja's own tojson HTML-escapes <, >, & and ', which chat templates must not do.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -192,9 +190,7 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
-    def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any
-    ) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}]``) with the model's Jinja chat template.
 
         The environment matches Hugging Face's: sandboxed, ``trim_blocks``/``lstrip_blocks``, loop
@@ -212,9 +208,7 @@ class Tokenizer:
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._compiled_template = env.from_string(self.chat_template)
         context = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "", **kwargs}
-        return self._compiled_template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **context
-        )
+        return self._compiled_template.render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
 
     @property
     def fingerprint(self) -> str:
@@ -229,9 +223,7 @@ class Tokenizer:
             vocab = sorted(vocab.items(), key=lambda kv: kv[1]) if isinstance(vocab, dict) else vocab
             # tokenizer.json stores merges as "a b" (older) or ["a", "b"] (newer); hash one spelling.
             merges = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in model.get("merges", [])]
-            added = sorted(
-                (i, t.content, t.special) for i, t in self.backend.get_added_tokens_decoder().items()
-            )
+            added = sorted((i, t.content, t.special) for i, t in self.backend.get_added_tokens_decoder().items())
             blob = json.dumps([model.get("type"), vocab, merges, added], ensure_ascii=False)
             self._fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
         return self._fingerprint
@@ -248,9 +240,7 @@ class Tokenizer:
         meta = _plain_metadata(source)
         kind = meta.get("tokenizer.ggml.model")
         if kind != "gpt2":
-            raise CheckpointError(
-                f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') is"
-            )
+            raise CheckpointError(f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') is")
         pre = meta.get("tokenizer.ggml.pre", "default")
         if pre not in _PRE_TOKENIZERS:
             known = ", ".join(sorted(_PRE_TOKENIZERS))
@@ -368,9 +358,7 @@ class Tokenizer:
         """
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         if vocab_size < len(specials) + 1:
-            raise ValueError(
-                f"synthetic vocabulary needs at least {len(specials) + 1} tokens, got {vocab_size}"
-            )
+            raise ValueError(f"synthetic vocabulary needs at least {len(specials) + 1} tokens, got {vocab_size}")
         spell = _bytes_to_unicode()
         order = [
             *range(0x20, 0x7F),
@@ -403,11 +391,7 @@ def _plain_metadata(source: Any) -> dict:
     fields = getattr(source, "fields", source)
     if not isinstance(fields, Mapping):
         raise TypeError(f"expected a GGUFReader or a metadata mapping, got {type(source).__name__}")
-    return {
-        k: (v.contents() if hasattr(v, "contents") else v)
-        for k, v in fields.items()
-        if k.startswith("tokenizer.")
-    }
+    return {k: (v.contents() if hasattr(v, "contents") else v) for k, v in fields.items() if k.startswith("tokenizer.")}
 
 
 def _set_bos_eos_template(backend: _Backend, tokens: list[str], bos: int | None, eos: int | None) -> None:

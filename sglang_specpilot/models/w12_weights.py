@@ -30,8 +30,9 @@ def to_w12(model: Transformer) -> Transformer:
         swap(layer.mlp, "w2")
     head = model.lm_head
     if model.cfg.tie_word_embeddings:
-        head = nn.Linear(model.cfg.hidden_size, model.cfg.vocab_size, bias=False, device=head.weight.device,
-                         dtype=head.weight.dtype)
+        head = nn.Linear(
+            model.cfg.hidden_size, model.cfg.vocab_size, bias=False, device=head.weight.device, dtype=head.weight.dtype
+        )
         head.weight = nn.Parameter(model.embed.weight.detach(), requires_grad=False)
     model.lm_head = W12Linear.from_linear(head)
     return model

@@ -17,9 +17,7 @@ from pathlib import Path
 PTH_NAME = "specpilot_sglang.pth"
 HOOK_MODULE = "specpilot_sglang_hook"
 # A .pth line that starts with "import" is executed by site; everything must fit on that one line.
-PTH_LINE = (
-    f"import importlib.util as _u; _u.find_spec({HOOK_MODULE!r}) is not None and __import__({HOOK_MODULE!r})\n"
-)
+PTH_LINE = f"import importlib.util as _u; _u.find_spec({HOOK_MODULE!r}) is not None and __import__({HOOK_MODULE!r})\n"
 
 
 def default_site_dir() -> Path:

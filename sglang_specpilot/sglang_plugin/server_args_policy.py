@@ -24,8 +24,7 @@ def apply_defaults(args) -> None:
     args.speculative_algorithm = ALGORITHM
     if args.speculative_draft_model_path is None:
         raise ValueError(
-            "--speculative-algorithm specpilot drafts with a standalone model: "
-            "pass --speculative-draft-model-path"
+            "--speculative-algorithm specpilot drafts with a standalone model: pass --speculative-draft-model-path"
         )
     given = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
     filled = tuple(d if g is None else g for g, d in zip(given, DEFAULT_TREE, strict=True))

@@ -82,8 +82,7 @@ def sglang_tree_tensors(
     anc = ancestor_mask(tree.parents)  # [B, N, N], the block part of the mask
     lens = [int(s) for s in (seq_lens if seq_lens_cpu is None else seq_lens_cpu).tolist()]
     rows = [
-        torch.cat([torch.ones(N, s, dtype=torch.bool, device=dev), anc[b]], dim=1).flatten()
-        for b, s in enumerate(lens)
+        torch.cat([torch.ones(N, s, dtype=torch.bool, device=dev), anc[b]], dim=1).flatten() for b, s in enumerate(lens)
     ]
     seq = torch.as_tensor(seq_lens, dtype=torch.long, device=dev)
     depth = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), tree.depths], dim=1)

@@ -132,9 +132,7 @@ class W12LinearMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """Exact ``x @ W^T + bias``: x [..., K] bfloat16 -> [..., N] bfloat16."""
-        return w12_gemm(
-            x, self.record(layer), bias, esc_row_ptr=layer.w12_esc_row_ptr, counters=layer.w12_counters
-        )
+        return w12_gemm(x, self.record(layer), bias, esc_row_ptr=layer.w12_esc_row_ptr, counters=layer.w12_counters)
 
 
 class W12Config(QuantizationConfig):

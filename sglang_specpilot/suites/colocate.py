@@ -33,8 +33,11 @@ from ..harness.timing import paired_timing
 from ..models.build import build_model
 from ..models.presets import preset_config
 
-PAIRS = {"llama-3.1-8b:llama-3.2-1b": "llama8b_1b", "qwen3-8b:qwen3-0.6b": "qwen3_8b_06b",
-         "llama-3.2-3b:llama-3.2-1b": "llama3b_1b"}
+PAIRS = {
+    "llama-3.1-8b:llama-3.2-1b": "llama8b_1b",
+    "qwen3-8b:qwen3-0.6b": "qwen3_8b_06b",
+    "llama-3.2-3b:llama-3.2-1b": "llama3b_1b",
+}
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -47,8 +50,11 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=20)
     p.add_argument("--inner", type=int, default=10)
     p.add_argument("--search-iters", type=int, default=24)
-    p.add_argument("--no-compile", action="store_true",
-                   help="eager non-GEMM operations (default on CUDA: each compiled, as the engine's steps are)")
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="eager non-GEMM operations (default on CUDA: each compiled, as the engine's steps are)",
+    )
     p.add_argument("--state-dir", type=Path, default=None, help="keep MCTS state here (resumable)")
 
 
@@ -77,8 +83,9 @@ def _gpu_busy_fraction(fn, cuda: bool, reps: int = 5) -> float | None:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    )
     if not spans:
         return None
     busy, cur_s, cur_e = 0.0, *spans[0]
@@ -146,19 +153,39 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
 
     with torch.inference_mode():
         # Conventional round of one group: draft then verify, in one graph and as two graphs.
-        seq = CoScheduledRound(verify_chain(target, a.t_inputs, compiled), draft_chain(draft, a.d_inputs, compiled),
-                               streams=False, device=dev)
+        seq = CoScheduledRound(
+            verify_chain(target, a.t_inputs, compiled),
+            draft_chain(draft, a.d_inputs, compiled),
+            streams=False,
+            device=dev,
+        )
         d_only, t_only = draft_chain(draft, a.d_inputs, compiled), verify_chain(target, a.t_inputs, compiled)
         d_run, t_run = _runner(d_only.run, cuda), _runner(t_only.run, cuda)
         anchor = make(None)
-        seq_full = CoScheduledRound(verify_chain(target, full.t_inputs, compiled),
-                                    draft_chain(draft, full.d_inputs, compiled), streams=False, device=dev)
-        base = paired_timing({"seq_graph": _runner(seq.run, cuda), "back_to_back": lambda: (d_run(), t_run()),
-                              "anchor": _runner(anchor.run, cuda), "seq_graph_full_batch": _runner(seq_full.run, cuda)},
-                             blocks=args.blocks, inner=args.inner, device=dev)
+        seq_full = CoScheduledRound(
+            verify_chain(target, full.t_inputs, compiled),
+            draft_chain(draft, full.d_inputs, compiled),
+            streams=False,
+            device=dev,
+        )
+        base = paired_timing(
+            {
+                "seq_graph": _runner(seq.run, cuda),
+                "back_to_back": lambda: (d_run(), t_run()),
+                "anchor": _runner(anchor.run, cuda),
+                "seq_graph_full_batch": _runner(seq_full.run, cuda),
+            },
+            blocks=args.blocks,
+            inner=args.inner,
+            device=dev,
+        )
         s_anchor, fastest = anchor_speedup(base, "anchor", ["seq_graph", "back_to_back"])
-        _log(t0, "baselines (us): " + ", ".join(f"{n} {base.median(n) * 1e6:.0f}" for n in base.names)
-             + f"; two-stream speedup {s_anchor:.3f} over {fastest}")
+        _log(
+            t0,
+            "baselines (us): "
+            + ", ".join(f"{n} {base.median(n) * 1e6:.0f}" for n in base.names)
+            + f"; two-stream speedup {s_anchor:.3f} over {fastest}",
+        )
 
         def build(plan):
             return _runner(make(plan).run, cuda)
@@ -166,8 +193,10 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
         def outputs(plan):
             rnd = make(plan)
             rnd.run()
-            return {"target_logits": rnd.target.state["logits"].clone(),
-                    "draft_logits": torch.stack(rnd.draft.state["draft_logits"], 1).clone()}
+            return {
+                "target_logits": rnd.target.state["logits"].clone(),
+                "draft_logits": torch.stack(rnd.draft.state["draft_logits"], 1).clone(),
+            }
 
         def group_times(group):
             rnd = make(None)
@@ -184,27 +213,36 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
             return paired_timing(variants, blocks=args.blocks, inner=args.inner, device=dev)
 
         catalog = anchor.catalog
-        evaluator = PlanEvaluator(catalog, build, outputs, group_times, s_anchor, device=str(dev),
-                                  blocks=args.blocks, inner=args.inner)
+        evaluator = PlanEvaluator(
+            catalog, build, outputs, group_times, s_anchor, device=str(dev), blocks=args.blocks, inner=args.inner
+        )
         best = {}
         for label, root_interleave in (("no_interleave", False), ("interleave", True)):
             from ..colocate.plan import JointPlan
 
             path = args.state_dir / f"{_slug(pair)}_{label}.json" if args.state_dir else None
-            search = MCTS(EditProposer(seed=0), evaluator, ProposalContext(catalog),
-                          root=JointPlan(interleave=root_interleave), state_path=path)
+            search = MCTS(
+                EditProposer(seed=0),
+                evaluator,
+                ProposalContext(catalog),
+                root=JointPlan(interleave=root_interleave),
+                state_path=path,
+            )
             evaluator.restore(search.records.values())  # a resumed search keeps its tuned kernels
             for it in range(args.search_iters):
                 key = search.step()
                 r = search.records[key]
-                _log(t0, f"{label} #{it}: {key[:90]} reward {r['reward']} "
-                     + " ".join(f["code"] for f in r["feedback"]))
+                _log(
+                    t0, f"{label} #{it}: {key[:90]} reward {r['reward']} " + " ".join(f["code"] for f in r["feedback"])
+                )
             plan = search.best()
             best[label] = (plan, search.records[plan.key])
-        busy = {"conventional": _gpu_busy_fraction(_runner(seq.run, cuda), cuda),
-                "anchor": _gpu_busy_fraction(_runner(anchor.run, cuda), cuda),
-                "best_no_interleave": _gpu_busy_fraction(build(evaluator.tuned(best["no_interleave"][0])), cuda),
-                "best": _gpu_busy_fraction(build(evaluator.tuned(best["interleave"][0])), cuda)}
+        busy = {
+            "conventional": _gpu_busy_fraction(_runner(seq.run, cuda), cuda),
+            "anchor": _gpu_busy_fraction(_runner(anchor.run, cuda), cuda),
+            "best_no_interleave": _gpu_busy_fraction(build(evaluator.tuned(best["no_interleave"][0])), cuda),
+            "best": _gpu_busy_fraction(build(evaluator.tuned(best["interleave"][0])), cuda),
+        }
 
     slug = _slug(pair)
     # Co-located rounds serve one group (batch / 2 requests) per round; the conventional round over the
@@ -217,13 +255,31 @@ def run_pair(pair: str, args) -> tuple[dict, list[dict]]:
         f"round_speedup_no_interleave_{slug}": float(best["no_interleave"][1]["reward"]),
         f"round_speedup_two_stream_{slug}": float(s_anchor),
     }
-    rows = [{"case": f"{slug}.baselines", "target": tname, "draft": dname, "batch": args.batch, "gamma": args.gamma,
-             "prompt_len": args.prompt_len, "weights": "synthetic", "fastest_conventional": fastest,
-             "median_us": {n: base.median(n) * 1e6 for n in base.names},
-             "anchor_over_seq_graph": paired_ratio_median(base, "seq_graph", "anchor"), "gpu_busy": busy}]
+    rows = [
+        {
+            "case": f"{slug}.baselines",
+            "target": tname,
+            "draft": dname,
+            "batch": args.batch,
+            "gamma": args.gamma,
+            "prompt_len": args.prompt_len,
+            "weights": "synthetic",
+            "fastest_conventional": fastest,
+            "median_us": {n: base.median(n) * 1e6 for n in base.names},
+            "anchor_over_seq_graph": paired_ratio_median(base, "seq_graph", "anchor"),
+            "gpu_busy": busy,
+        }
+    ]
     for label, (plan, rec) in best.items():
-        rows.append({"case": f"{slug}.best_{label}", "plan": evaluator.tuned(plan).to_dict(), "reward": rec["reward"],
-                     "info": rec["info"], "verdicts": rec["verdicts"]})
+        rows.append(
+            {
+                "case": f"{slug}.best_{label}",
+                "plan": evaluator.tuned(plan).to_dict(),
+                "reward": rec["reward"],
+                "info": rec["info"],
+                "verdicts": rec["verdicts"],
+            }
+        )
     return metrics, rows
 
 

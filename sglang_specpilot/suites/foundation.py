@@ -69,8 +69,15 @@ def _smollm2(args, out):
         eng.warmup()
         res = [eng.generate([p], params)[0] for _ in range(args.repeats) for p in prompts]
         rates, taus = [r.tokens_per_s for r in res], [r.mean_accepted for r in res]
-        out["rows"].append({"case": f"smollm2.{name}.bs1", "draft": draft, "gamma": eng.shape.depth,
-                            "tokens_per_s": rates, "mean_accepted": taus})
+        out["rows"].append(
+            {
+                "case": f"smollm2.{name}.bs1",
+                "draft": draft,
+                "gamma": eng.shape.depth,
+                "tokens_per_s": rates,
+                "mean_accepted": taus,
+            }
+        )
         out["metrics"][f"smollm2_{name}_tok_s_bs1"] = round(median(rates), 1)
         out["metrics"][f"smollm2_{name}_mean_accepted"] = round(median(taus), 3)
         outputs[name] = [r.token_ids for r in eng.generate(check, p64)]

@@ -70,8 +70,14 @@ def _real(args, out) -> None:
         # The GPU time of one captured round alone (a row parked at 200 cached tokens): tokens/s below it
         # is what the host loop and acceptance make of it.
         ms = _round_ms(eng, 30, 200)
-        out["rows"].append({"case": f"smollm2.{name}.round", "warmup_s": eng.warmup_s, "round_ms": ms,
-                            "profile": _round_profile(eng, 200)})
+        out["rows"].append(
+            {
+                "case": f"smollm2.{name}.round",
+                "warmup_s": eng.warmup_s,
+                "round_ms": ms,
+                "profile": _round_profile(eng, 200),
+            }
+        )
         out["metrics"][f"smollm2_{name}_round_ms"] = round(median(ms), 4)
     lo, hi = (int(x) for x in args.prompts.split("-"))
     ids = [systems["ar"].encode(p, chat=True) for p in humaneval_prompts(range(lo, hi + 1))]
@@ -140,8 +146,9 @@ def _round_ms(eng, iters: int, context: int) -> list[float]:
 
     st = eng.state
     g = torch.Generator(device="cuda").manual_seed(0)
-    st.history[0, : context + 1] = torch.randint(0, eng.target.cfg.vocab_size, (context + 1,), device="cuda",
-                                                 generator=g)
+    st.history[0, : context + 1] = torch.randint(
+        0, eng.target.cfg.vocab_size, (context + 1,), device="cuda", generator=g
+    )
     st.seq_len[0] = context
     st.in_use[0] = False  # the round does its full work but advances nothing, so every replay is alike
     bs = BatchSampling.from_params([SamplingParams()], "cuda")
@@ -191,10 +198,12 @@ def _llama8b(args, out) -> None:
     bw = peaks.get("hbm_TBps")
     opts = EngineOptions(max_batch_size=1, max_seq_len=args.context + 512, graph_batch_sizes=(1,))
     n_pos = opts.resolved(10**6).max_seq_len + scratch_slots(EngineOptions(tree_budget=32, tree_depth=6, tree_top_k=8))
-    target = build_model(preset_config("llama-3.1-8b"), device="cuda", dtype=torch.bfloat16, synthetic_seed=0,
-                         max_positions=n_pos)
-    draft = build_model(preset_config("llama-3.2-1b"), device="cuda", dtype=torch.bfloat16, synthetic_seed=1,
-                        max_positions=n_pos)
+    target = build_model(
+        preset_config("llama-3.1-8b"), device="cuda", dtype=torch.bfloat16, synthetic_seed=0, max_positions=n_pos
+    )
+    draft = build_model(
+        preset_config("llama-3.2-1b"), device="cuda", dtype=torch.bfloat16, synthetic_seed=1, max_positions=n_pos
+    )
 
     class _Tok:
         eos_token_ids: list = []
@@ -207,17 +216,26 @@ def _llama8b(args, out) -> None:
     ar.warmup(progress=False)
     ms = _round_ms(ar, args.iters, args.context)
     floor_ms = weight_bytes_per_step(target) / (bw * 1e12) * 1e3
-    out["rows"].append({"case": "llama8b.ar_round.bs1", "weights": "synthetic", "context": args.context,
-                        "round_ms": ms, "floor_ms": floor_ms, "warmup_s": ar.warmup_s,
-                        "profile": _round_profile(ar, args.context)})
+    out["rows"].append(
+        {
+            "case": "llama8b.ar_round.bs1",
+            "weights": "synthetic",
+            "context": args.context,
+            "round_ms": ms,
+            "floor_ms": floor_ms,
+            "warmup_s": ar.warmup_s,
+            "profile": _round_profile(ar, args.context),
+        }
+    )
     out["metrics"]["llama8b_ar_step_ms_bs1"] = round(median(ms), 3)
     out["metrics"]["llama8b_ar_step_over_floor_bs1"] = round(median(ms) / floor_ms, 3)
     if args.gptfast_dir:
         # gpt-fast's decode step in this process, then ours again: the ratio uses both medians.
         gf = _bench_module("gptfast_baseline").measure_gptfast(args.gptfast_dir, args.context, args.iters)
         ms2 = _round_ms(ar, args.iters, args.context)
-        out["rows"].append({"case": "llama8b.gptfast_ar_step.bs1", "weights": "synthetic", **gf,
-                            "ours_round_ms_after": ms2})
+        out["rows"].append(
+            {"case": "llama8b.gptfast_ar_step.bs1", "weights": "synthetic", **gf, "ours_round_ms_after": ms2}
+        )
         out["metrics"]["llama8b_gptfast_step_ms_bs1"] = round(gf["median_ms"], 3)
         out["metrics"]["llama8b_ar_speedup_vs_gptfast_bs1"] = round(gf["median_ms"] / median(ms + ms2), 3)
 
@@ -240,8 +258,9 @@ def _llama8b(args, out) -> None:
             with torch.cuda.graph(graph):
                 runner.forward(toks, pos, slots, seq, anc[None])
         times[n] = cuda_times_ms(graph.replay, args.iters)
-        out["rows"].append({"case": "llama8b.verify", "weights": "synthetic", "rows": n, "context": args.context,
-                            "step_ms": times[n]})
+        out["rows"].append(
+            {"case": "llama8b.verify", "weights": "synthetic", "rows": n, "context": args.context, "step_ms": times[n]}
+        )
     out["metrics"]["llama8b_verify64_over_verify1"] = round(median(times[64]) / median(times[1]), 3)
     del ar
 
@@ -249,13 +268,20 @@ def _llama8b(args, out) -> None:
     chain.warmup(progress=False)
     c_ms = _round_ms(chain, args.iters, args.context)
     del chain
-    tree = Engine(target, _Tok(), EngineOptions(**{**base, "tree_budget": 32, "tree_depth": 6, "tree_top_k": 8}),
-                  draft)
+    tree = Engine(target, _Tok(), EngineOptions(**{**base, "tree_budget": 32, "tree_depth": 6, "tree_top_k": 8}), draft)
     tree.warmup(progress=False)
     t_ms = _round_ms(tree, args.iters, args.context)
-    out["rows"].append({"case": "llama8b_1b.rounds", "weights": "synthetic", "context": args.context,
-                        "chain6_round_ms": c_ms, "tree32_round_ms": t_ms, "tree_warmup_s": tree.warmup_s,
-                        "tree_profile": _round_profile(tree, args.context)})
+    out["rows"].append(
+        {
+            "case": "llama8b_1b.rounds",
+            "weights": "synthetic",
+            "context": args.context,
+            "chain6_round_ms": c_ms,
+            "tree32_round_ms": t_ms,
+            "tree_warmup_s": tree.warmup_s,
+            "tree_profile": _round_profile(tree, args.context),
+        }
+    )
     out["metrics"]["llama8b_chain6_round_ms"] = round(median(c_ms), 3)
     out["metrics"]["llama8b_tree32_round_ms"] = round(median(t_ms), 3)
     out["metrics"]["llama8b_tree_round_over_chain_round"] = round(median(t_ms) / median(c_ms), 3)

@@ -113,7 +113,7 @@ def _llama8b(args, out) -> None:
     steps = {}
     for name, e in engines.items():
         _, seq_len, next_tok = decode_state(e, 1, args.context)
-        steps[name] = (lambda e=e, s=seq_len, t=next_tok: e.target_runner.step(t[:, None], s, anc, depth))
+        steps[name] = lambda e=e, s=seq_len, t=next_tok: e.target_runner.step(t[:, None], s, anc, depth)
     times = paired_timing(steps, blocks=args.blocks, inner=args.inner, device=DEVICE)
     ci = times.ratio("bf16", "w12")
     bytes_ = {name: step_bytes(e.target) for name, e in engines.items()}
@@ -155,8 +155,9 @@ def _llama8b(args, out) -> None:
 def _smollm2(args, out) -> None:
     from ..engine import SamplingParams
 
-    base = dict(model=args.smollm2, max_batch_size=8, graph_batch_sizes=(1, 8), max_seq_len=1024,
-                compile=not args.no_compile)
+    base = dict(
+        model=args.smollm2, max_batch_size=8, graph_batch_sizes=(1, 8), max_seq_len=1024, compile=not args.no_compile
+    )
     engines = _engine_pair(base)
     prompts = humaneval_prompts(range(100, 108))
     p64 = SamplingParams(max_new_tokens=64, ignore_eos=True)
@@ -169,8 +170,13 @@ def _smollm2(args, out) -> None:
     p = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
     rates = _interleaved_rates(engines, prompts[:2], p, 1)
     out["rows"].append(
-        {"case": "smollm2.w12_vs_bf16", "prompts": "HumanEval/100-107", "new_tokens": 64, **forcing,
-         "tokens_per_s_bs1": rates}
+        {
+            "case": "smollm2.w12_vs_bf16",
+            "prompts": "HumanEval/100-107",
+            "new_tokens": 64,
+            **forcing,
+            "tokens_per_s_bs1": rates,
+        }
     )
     m["smollm2_bf16_tok_s_bs1"] = round(median(rates["bf16"]), 1)
     m["smollm2_w12_tok_s_bs1"] = round(median(rates["w12"]), 1)

@@ -81,9 +81,7 @@ def summarize(rows: list[dict]) -> dict[str, float]:
             if M == 1:
                 metrics[f"gemm_speedup_min_m1_{short}"] = round(min(r["speedup"] for r in sel), 4)
             if all("view8_speedup" in r for r in sel) and M in (1, 32):
-                metrics[f"view8_speedup_geomean_m{M}_{short}"] = round(
-                    geomean(r["view8_speedup"] for r in sel), 4
-                )
+                metrics[f"view8_speedup_geomean_m{M}_{short}"] = round(geomean(r["view8_speedup"] for r in sel), 4)
             if all("w12_cuda_speedup" in r for r in sel):
                 metrics[f"gemm_speedup_cuda_kernel_geomean_m{M}_{short}"] = round(
                     geomean(r["w12_cuda_speedup"] for r in sel), 4
@@ -242,8 +240,9 @@ def w12_gemm(args: argparse.Namespace) -> dict:
                 rows += _time_shape(model, proj, K, N, Ms, args)
                 torch.cuda.empty_cache()
     metrics = summarize(rows)
-    outside = sum(r["w12_outside_tolerance"] + r["view8_outside_tolerance"] + r.get("w12_cuda_outside_tolerance", 0)
-                  for r in rows)
+    outside = sum(
+        r["w12_outside_tolerance"] + r["view8_outside_tolerance"] + r.get("w12_cuda_outside_tolerance", 0) for r in rows
+    )
     metrics["w12_gemm_outside_tolerance"] = outside
     return {"metrics": metrics, "rows": rows, "peaks": measure_peaks().to_dict(), "weights": "synthetic"}
 

@@ -23,9 +23,7 @@ def probe() -> dict:
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(
-        ["--model-path", "m", "--speculative-algorithm", "specpilot", "--quantization", "w12"]
-    )
+    ns = parser.parse_args(["--model-path", "m", "--speculative-algorithm", "specpilot", "--quantization", "w12"])
     return {
         "algorithm": ns.speculative_algorithm,
         "quantization": ns.quantization,

@@ -91,9 +91,7 @@ def split_for(tiles: int, k_tiles: int, num_sms: int) -> int:
     return max(1, min(triton.cdiv(2 * num_sms, tiles), k_tiles // 2, MAX_SPLIT_K))
 
 
-def default_config(
-    M: int, N: int, K: int, *, view8: bool = False, num_sms: int = DEFAULT_NUM_SMS
-) -> GemmConfig:
+def default_config(M: int, N: int, K: int, *, view8: bool = False, num_sms: int = DEFAULT_NUM_SMS) -> GemmConfig:
     """The heuristic config for y[M, N] = x[M, K] @ W^T (not tuned; see the module doc)."""
     k_cap = max(64, triton.next_power_of_2(K))
     if M == 1:

@@ -126,7 +126,6 @@ _EXACT_PTX = tl.constexpr(EXACT_PTX)
 _VIEW8_PTX = tl.constexpr(VIEW8_PTX)
 
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Shared @triton.jit helpers
 # ---------------------------------------------------------------------------------------------------------
@@ -174,9 +173,7 @@ def _load_quads(
         h = tl.zeros([BLOCK_N, BLOCK_Q], tl.uint32)
         for i in tl.static_range(4):
             k = quads * 4 + i
-            b = tl.load(
-                hi_ptr + rows[:, None] * K + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0
-            )
+            b = tl.load(hi_ptr + rows[:, None] * K + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0)
             h = h | (b.to(tl.uint32) << (8 * i))
         lw32 = tl.zeros([BLOCK_N, BLOCK_Q], tl.uint32)
         if LOAD_LO:
@@ -308,9 +305,7 @@ def _w12_decode_kernel(
         cols = tl.arange(0, 2 * BLOCK_Q) + tl.program_id(1) * 2 * BLOCK_Q
         pairs = tl.join(p01, p23).reshape(BLOCK_N, 2 * BLOCK_Q)
         out32 = out_ptr.to(tl.pointer_type(tl.uint32))
-        tl.store(
-            out32 + rows[:, None] * (2 * Q) + cols[None, :], pairs, mask=row_ok & (cols < 2 * Q)[None, :]
-        )
+        tl.store(out32 + rows[:, None] * (2 * Q) + cols[None, :], pairs, mask=row_ok & (cols < 2 * Q)[None, :])
     else:
         k0 = quads * 4
         dst = out_ptr.to(tl.pointer_type(tl.uint16)) + rows[:, None] * K

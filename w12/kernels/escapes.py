@@ -95,16 +95,12 @@ def _apply_escapes(
         k_e = idx - n_e * K
         p = (tl.load(base_ptr + n_e, mask=ok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
         delta = tl.where(ok, val - p, 0.0)
-        xg = tl.load(
-            x_ptr + ms[None, :] * stride_xm + k_e[:, None], mask=ok[:, None] & m_ok[None, :], other=0.0
-        )
+        xg = tl.load(x_ptr + ms[None, :] * stride_xm + k_e[:, None], mask=ok[:, None] & m_ok[None, :], other=0.0)
         contrib = xg.to(tl.float32) * delta[:, None]  # [BLOCK_E, BLOCK_M]
         hit = (n_e - n0)[None, :] == local[:, None]  # [BLOCK_N, BLOCK_E]
         if USE_DOT:
             finite = tl.abs(contrib) < float("inf")  # False for inf and NaN
-            acc = tl.dot(
-                hit.to(tl.float32), tl.where(finite, contrib, 0.0), acc, input_precision=DOT_PRECISION
-            )
+            acc = tl.dot(hit.to(tl.float32), tl.where(finite, contrib, 0.0), acc, input_precision=DOT_PRECISION)
             bad = tl.sum(tl.sum((~finite).to(tl.int32), axis=1), axis=0)
             if bad > 0:
                 # inf / NaN: one escape at a time, so 0 * inf never reaches another row.

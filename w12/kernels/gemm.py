@@ -77,9 +77,9 @@ COUNTER_SLOTS = 1024  # split-K tiles of one launch; the heuristic splits only g
 def _load_x_lane(x_ptr, stride_xm, ms, m_ok, quads, i, K):
     # x[m, 4q + i] as fp32 [BLOCK_M, BLOCK_Q]: the i-th weight of every quad (strided, 8-byte steps).
     k = quads * 4 + i
-    return tl.load(
-        x_ptr + ms[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0
-    ).to(tl.float32)
+    return tl.load(x_ptr + ms[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0).to(
+        tl.float32
+    )
 
 
 @triton.jit
@@ -98,9 +98,7 @@ def _load_x_halves(
 ):
     # The tile's even and odd columns of x, transposed for the MMA's B operand: [BLOCK_K / 2, BLOCK_M] each.
     ks = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-    xt = tl.load(
-        x_ptr + ms[:, None] * stride_xm + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0
-    )
+    xt = tl.load(x_ptr + ms[:, None] * stride_xm + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)
     if UPCAST:
         xt = xt.to(tl.float32)
     x_even, x_odd = tl.split(xt.reshape(BLOCK_M, BLOCK_K // 2, 2))
@@ -181,21 +179,15 @@ def _w12_gemm_kernel(
         acc3 = tl.zeros([BLOCK_N, BLOCK_M, BLOCK_Q], dtype=tl.float32)
     for kt in range(kt0, kt1):
         quads = kt * BLOCK_Q + tl.arange(0, BLOCK_Q)
-        h, lw = _load_quads(
-            hi_ptr, lo_ptr, rows, quads, N, K, K2, Q, BLOCK_N, BLOCK_Q, ALIGNED, not EVEN, not VIEW8
-        )
+        h, lw = _load_quads(hi_ptr, lo_ptr, rows, quads, N, K, K2, Q, BLOCK_N, BLOCK_Q, ALIGNED, not EVEN, not VIEW8)
         if VIEW8:
             we, wo = _decode_view8(h, base2, USE_ASM)
         else:
             we, wo = _decode_exact(h, lw, base2, USE_ASM)
         if USE_DOT:
             x_even, x_odd = _load_x_halves(x_ptr, stride_xm, ms, m_ok, kt, K, BLOCK_M, BLOCK_K, UPCAST)
-            acc = tl.dot(
-                _pairs_to_columns(we, BLOCK_N, BLOCK_Q, UPCAST), x_even, acc, input_precision=DOT_PRECISION
-            )
-            acc = tl.dot(
-                _pairs_to_columns(wo, BLOCK_N, BLOCK_Q, UPCAST), x_odd, acc, input_precision=DOT_PRECISION
-            )
+            acc = tl.dot(_pairs_to_columns(we, BLOCK_N, BLOCK_Q, UPCAST), x_even, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(_pairs_to_columns(wo, BLOCK_N, BLOCK_Q, UPCAST), x_odd, acc, input_precision=DOT_PRECISION)
         else:
             if BLOCK_M == 1:
                 # One activation row: 1-D x lanes broadcast over the rows, a [BLOCK_N, BLOCK_Q] accumulator.
@@ -499,9 +491,7 @@ def w12_gemm_ref(
     return y.to(out_dtype or x.dtype)
 
 
-def gemm_tolerance(
-    x: torch.Tensor, w: W12Tensor, y_ref: torch.Tensor, *, view8: bool = False
-) -> torch.Tensor:
+def gemm_tolerance(x: torch.Tensor, w: W12Tensor, y_ref: torch.Tensor, *, view8: bool = False) -> torch.Tensor:
     """Per-element bound on ``|y - y_ref|`` (see the module doc): ``2^-8 |y_ref| + K 2^-22 |x| @ |W_hat|^T``.
 
     ``y_ref`` is the fp32 reference (``w12_gemm_ref(.., out_dtype=torch.float32)``, or the view8 one). For
