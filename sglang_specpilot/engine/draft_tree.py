@@ -18,6 +18,8 @@ accepted node except the last was expanded and its K/V already saw exactly its a
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tree_verify import Lattice
@@ -62,7 +64,7 @@ def expand_lattice(
     ar2 = torch.arange(2, device=dev)
     prev = history.gather(1, (seq_len - 1)[:, None])
     pos0 = (seq_len - 1)[:, None] + ar2
-    logits = runner.forward(torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _TRIL2.get(dev), kv_len)[
+    logits = runner.forward(torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _tril2(str(dev)), kv_len)[
         :, -1
     ]
     qs = []
@@ -130,19 +132,10 @@ def expand_lattice(
     return lattice, expanded_by, (torch.stack(qs, 1) if qs else None)
 
 
-class _Tril2:
+@functools.cache
+def _tril2(dev: str) -> torch.Tensor:
     # The depth-0 draft step's causal [2, 2] mask, one per device (a constant the captured round reads).
-    def __init__(self):
-        self._by_dev: dict = {}
-
-    def get(self, dev) -> torch.Tensor:
-        key = str(dev)
-        if key not in self._by_dev:
-            self._by_dev[key] = causal_tree(2, dev)[0]
-        return self._by_dev[key]
-
-
-_TRIL2 = _Tril2()
+    return causal_tree(2, dev)[0]
 
 
 def commit_draft(

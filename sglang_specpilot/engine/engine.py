@@ -192,14 +192,15 @@ class Engine:
         """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds
         on CUDA, else ``Round.run`` eagerly (or the co-located strategy, see ``colocated.ColocatedRound``).
         Reads nothing back to the host."""
+        max_len = max_len if self.device.type != "cuda" else None  # only dense-mask (CPU) attention uses it
         if self.colocated is not None:
-            self.colocated.run(self.state, b, bs, max_len if self.device.type != "cuda" else None)
+            self.colocated.run(self.state, b, bs, max_len)
         elif self.captured is not None and bs.all_greedy:
             if b not in self.captured:
                 self.captured.capture(b, bs)
             self.captured.replay(b)
         else:
-            self.round.run(self.state, b, bs, max_len if self.device.type != "cuda" else None)
+            self.round.run(self.state, b, bs, max_len)
 
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:

@@ -38,7 +38,6 @@ class _Inflight:
     rows: list[Request | None]  # row -> request when the round was launched
     host: torch.Tensor  # [b, D + 2] (pinned on CUDA)
     done: torch.cuda.Event | None
-    b: int
 
 
 class RowBatch:
@@ -176,7 +175,7 @@ class RowBatch:
         else:
             host, done = st.out[:b].clone(), None
         self._launches += 1
-        return _Inflight(list(self.rows[:b]) + [None] * (b - len(self.rows[:b])), host, done, b)
+        return _Inflight(list(self.rows[:b]), host, done)
 
     def _collect(self) -> list[StreamEvent]:
         inflight = self._inflight

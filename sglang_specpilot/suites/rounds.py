@@ -140,20 +140,29 @@ def _real(args, out) -> None:
     out["metrics"]["smollm2_dynamo_graphs_after_warmup"] = _dynamo_graphs() - graphs_before
 
 
-def _round_ms(eng, iters: int, context: int) -> list[float]:
-    """Replay the engine's captured round for one row parked at ``context`` cached tokens."""
+def _parked_round(eng, context: int):
+    """A callable replaying the engine's round for row 0 parked at ``context`` cached tokens: the round does
+    its full work but advances nothing (``in_use`` False), so every replay is alike. ``_unpark`` frees it."""
     from ..engine.sampling import BatchSampling, SamplingParams
 
     st = eng.state
+    st.seq_len[0], st.in_use[0] = context, False
+    bs = BatchSampling.from_params([SamplingParams()], "cuda")
+    return lambda: eng.run_round(1, bs, None)
+
+
+def _unpark(eng) -> None:
+    eng.state.seq_len[0], eng.state.in_use[0] = 1, False
+
+
+def _round_ms(eng, iters: int, context: int) -> list[float]:
+    """CUDA-event times of the parked round, over a row of random history."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    st.history[0, : context + 1] = torch.randint(
+    eng.state.history[0, : context + 1] = torch.randint(
         0, eng.target.cfg.vocab_size, (context + 1,), device="cuda", generator=g
     )
-    st.seq_len[0] = context
-    st.in_use[0] = False  # the round does its full work but advances nothing, so every replay is alike
-    bs = BatchSampling.from_params([SamplingParams()], "cuda")
-    ms = cuda_times_ms(lambda: eng.run_round(1, bs, None), iters)
-    st.seq_len[0], st.in_use[0] = 1, False
+    ms = cuda_times_ms(_parked_round(eng, context), iters)
+    _unpark(eng)
     return ms
 
 
@@ -161,18 +170,14 @@ def _round_profile(eng, context: int, top: int = 25) -> dict:
     """Kernels of one captured round (3 replays, CUPTI): count, total us per name, the top ``top``."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ..engine.sampling import BatchSampling, SamplingParams
-
-    st = eng.state
-    st.seq_len[0], st.in_use[0] = context, False
-    bs = BatchSampling.from_params([SamplingParams()], "cuda")
-    eng.run_round(1, bs, None)
+    replay = _parked_round(eng, context)
+    replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
-            eng.run_round(1, bs, None)
+            replay()
         torch.cuda.synchronize()
-    st.seq_len[0] = 1
+    _unpark(eng)
     kernels: dict[str, list[float]] = {}
     for ev in prof.events():
         if ev.device_type.name == "CUDA" and ev.device_time > 0:
