@@ -32,7 +32,13 @@ def default_drafter_path() -> Path | None:
 
 
 def is_shared_drafter(path: str | Path | None) -> bool:
-    return path is not None and (Path(path) / MARKER).is_file()
+    """A shared-head drafter folder (not an EAGLE-3 one, whose marker says ``"kind": "eagle3"``)."""
+    if path is None or not (Path(path) / MARKER).is_file():
+        return False
+    try:
+        return json.loads((Path(path) / MARKER).read_text()).get("kind", "shared") == "shared"
+    except (OSError, ValueError):
+        return True  # an unreadable marker: the shared loader reports it
 
 
 def _drafter_config(target: Transformer, num_layers: int) -> ModelConfig:

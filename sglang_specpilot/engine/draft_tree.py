@@ -42,6 +42,7 @@ def expand_lattice(
     top_k: int,
     kv_len: int | None = None,
     sample=None,
+    features: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[Lattice, torch.Tensor, torch.Tensor | None]:
     """Grow the draft lattice of B requests (tensor ops only: capturable in a CUDA graph).
 
@@ -61,12 +62,19 @@ def expand_lattice(
     if sample is not None and k != 1:
         raise ValueError("sampled drafting draws one token per depth (top_k 1)")
     E = 1 + (depth - 1) * k
-    ar2 = torch.arange(2, device=dev)
-    prev = history.gather(1, (seq_len - 1)[:, None])
-    pos0 = (seq_len - 1)[:, None] + ar2
-    logits = runner.forward(torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _tril2(str(dev)), kv_len)[
-        :, -1
-    ]
+    if features is None:
+        ar2 = torch.arange(2, device=dev)
+        prev = history.gather(1, (seq_len - 1)[:, None])
+        pos0 = (seq_len - 1)[:, None] + ar2
+        logits = runner.forward(
+            torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _tril(2, str(dev)), kv_len
+        )[:, -1]
+        hidden = None
+    else:
+        drafter = runner.model
+        h_root = _eagle_root(runner, history, seq_len, next_tok, *features, kv_len)
+        logits = drafter.target_logits(h_root)
+        hidden = h_root[:, None]  # [B, expansions so far, H]: each expansion's output, its children's g
     qs = []
 
     def children(logits):
@@ -111,7 +119,13 @@ def expand_lattice(
         x = all_tokens.gather(1, cand)
         pos = (seq_len + d)[:, None].expand(B, k)
         slots = seq_len[:, None] + e_ids
-        logits = runner.forward(x, pos, slots, seq_len, vis[:, e_ids], kv_len)
+        if hidden is None:
+            logits = runner.forward(x, pos, slots, seq_len, vis[:, e_ids], kv_len)
+        else:
+            g = hidden.gather(1, parent_exp[:, :, None].expand(B, k, hidden.shape[-1]))
+            h = runner.forward(x, pos, slots, seq_len, vis[:, e_ids], kv_len, g=g)
+            hidden = torch.cat([hidden, h], 1)
+            logits = drafter.target_logits(h)
         lp, tok = children(logits)  # [B, k, k]
         base = torch.cat(scores, 1).gather(1, cand)  # path scores of the expanded candidates
         parents.append(cand)
@@ -132,10 +146,31 @@ def expand_lattice(
     return lattice, expanded_by, (torch.stack(qs, 1) if qs else None)
 
 
+def _eagle_root(runner, history, seq_len, next_tok, feats, n_prev, kv_len) -> torch.Tensor:
+    """The EAGLE-3 depth-0 step: the drafter's hidden state at the root [B, H].
+
+    The last round accepted n = ``n_prev`` tokens a_1 .. a_n and emitted the root (``next_tok``) after
+    them: with s = ``seq_len``, they sit at positions s - n .. s - 1 and s. The drafter re-runs those
+    n + 1 tokens with the target features the verify pass computed one position earlier (``feats[:, t]``
+    for window entry t), writing true-feature K/V at their slots. The window is a fixed depth + 1 wide
+    (a static shape); entries past n are padding whose writes land past s, in slots this round's deeper
+    expansions overwrite before anything reads them. Entry n is the root, whose output expands the tree.
+    """
+    drafter = runner.model
+    B, W = feats.shape[:2]
+    t = torch.arange(W, device=seq_len.device)
+    start = seq_len - n_prev  # slot of window entry 0
+    idx = (start[:, None] + t).clamp(max=history.shape[1] - 1)
+    toks = torch.where(t == n_prev[:, None], next_tok[:, None], history.gather(1, idx))
+    anc = _tril(W, str(seq_len.device))
+    h = runner.forward(toks, idx, idx, start, anc, kv_len, g=drafter.project(feats))
+    return h.gather(1, n_prev[:, None, None].expand(B, 1, h.shape[-1]))[:, 0]
+
+
 @functools.cache
-def _tril2(dev: str) -> torch.Tensor:
-    # The depth-0 draft step's causal [2, 2] mask, one per device (a constant the captured round reads).
-    return causal_tree(2, dev)[0]
+def _tril(n: int, dev: str) -> torch.Tensor:
+    # A depth-0 draft step's causal [n, n] mask, one per (n, device): a constant the captured round reads.
+    return causal_tree(n, dev)[0]
 
 
 def commit_draft(

@@ -108,7 +108,14 @@ class Engine:
         self.eos = frozenset(eos)
         self.round = Round(self.target_runner, self.draft_runner, self.ngram, shape)
         width = options.max_seq_len + self.target_runner.scratch
-        self.state = RoundState.allocate(options.max_batch_size, width, shape, self.device)
+        # An EAGLE-3 drafter (drafters.eagle3) reads target features: the round state carries them.
+        self.feature_layers = self.round.feature_layers
+        features = None
+        if self.feature_layers is not None:
+            if max(self.feature_layers) >= target.num_layers:
+                raise ValueError(f"the drafter reads target layer {max(self.feature_layers)} of {target.num_layers}")
+            features = (len(self.feature_layers) * target.cfg.hidden_size, target.embed.weight.dtype)
+        self.state = RoundState.allocate(options.max_batch_size, width, shape, self.device, features)
         self.captured = None
         if self.target_runner.use_graphs and self.round.capturable:
             self.captured = CapturedRound(self.round, self.state, park_at=options.max_seq_len)
@@ -116,6 +123,10 @@ class Engine:
         if options.colocate:
             if draft is None:
                 raise ValueError("colocate needs a draft model (co-located rounds draft with it)")
+            if self.feature_layers is not None:
+                raise ValueError(
+                    "colocate drafts with a standalone model; an EAGLE-3 drafter reads the target's features"
+                )
             from .colocated import ColocatedRound
 
             self.colocated = ColocatedRound(self.target_runner, self.draft_runner, shape.depth, self.round)
@@ -186,7 +197,21 @@ class Engine:
                 for w in widths:
                     toks = torch.zeros(b, w, dtype=torch.long, device=self.device)
                     rows = torch.zeros(b, 1, dtype=torch.long, device=self.device)
-                    runner.step(toks, seq, *causal_tree(w, self.device), max_len_hint=0, logit_rows=rows, eager=True)
+                    extra = self._prefill_extra(runner, b, w)
+                    runner.step(
+                        toks, seq, *causal_tree(w, self.device), max_len_hint=0, logit_rows=rows, eager=True, **extra
+                    )
+
+    def _prefill_extra(self, runner: ModelRunner, b: int, w: int) -> dict:
+        # What an eager prefill step of an EAGLE-3 setup passes: the target returns its features, the
+        # drafter reads (here: zero) features.
+        if self.feature_layers is None:
+            return {}
+        if runner is self.target_runner:
+            return {"feature_layers": self.feature_layers}
+        return {
+            "g": torch.zeros(b, w, self.target.cfg.hidden_size, device=self.device, dtype=self.draft.fc.weight.dtype)
+        }
 
     def run_round(self, b: int, bs: BatchSampling, max_len: int | None) -> None:
         """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds
@@ -317,10 +342,53 @@ class Engine:
         history : [B, W] (rows 0..B-1 of the cache). Rows with ``lens[b] == 0`` write only into the cache's
         scratch slots, so rows that are mid-generation keep their KV; their logits are meaningless.
         """
+        if self.feature_layers is not None:
+            return self._prefill_eagle(history, lens)
         last = self._prefill(self.target_runner, history, lens)
         if self.draft_runner is not None:
             self._prefill(self.draft_runner, history, lens, want_logits=False)
         return last
+
+    def _prefill_eagle(self, history: torch.Tensor, lens: list[int]) -> torch.Tensor:
+        """Prefill for an EAGLE-3 drafter: each target chunk also returns its features, and the drafter
+        runs the same chunk with the features one position earlier (zeros before position 0; the drafter
+        was trained so). The prompt's last feature waits in the round state for the first round, which
+        feeds it with the first emitted token (``draft_tree._eagle_root``, n_prev 0)."""
+        dev, st = self.device, self.state
+        B = len(lens)
+        lens_t = torch.tensor(lens, device=dev)
+        chunk = self.options.prefill_chunk
+        F = st.feats.shape[-1]
+        prev = torch.zeros(B, 1, F, device=dev, dtype=st.feats.dtype)
+        last_feat = torch.zeros(B, F, device=dev, dtype=st.feats.dtype)
+        out = None
+        for start in range(0, max(lens), chunk):
+            n = min(chunk, max(lens) - start)
+            width = prefill_width(n, chunk)
+            seq = torch.where(lens_t > start, torch.full_like(lens_t, start), self.options.max_seq_len)
+            anc, depth = causal_tree(width, dev)
+            end = (lens_t - 1 - start).clamp(0, n - 1)[:, None]
+            toks = history[:, start : start + width]
+            logits, feats = self.target_runner.step(
+                toks,
+                seq,
+                anc,
+                depth,
+                max_len_hint=start,
+                logit_rows=end,
+                eager=True,
+                feature_layers=self.feature_layers,
+            )
+            g = self.draft.project(torch.cat([prev, feats[:, :-1]], 1))
+            self.draft_runner.step(toks, seq, anc, depth, max_len_hint=start, eager=True, g=g)
+            here = (lens_t - 1 >= start) & (lens_t - 1 < start + n)
+            out = logits[:, 0] if out is None else torch.where(here[:, None], logits[:, 0], out)
+            last_feat = torch.where(here[:, None], feats.gather(1, end[:, :, None].expand(B, 1, F))[:, 0], last_feat)
+            prev = feats[:, n - 1 : n]
+        rows = lens_t > 0
+        st.feats[:B, 0] = torch.where(rows[:, None], last_feat, st.feats[:B, 0])
+        st.n_prev[:B] = torch.where(rows, 0, st.n_prev[:B])
+        return out
 
     @torch.inference_mode()
     def teacher_force_logits(self, prompt_ids: list[int], generated_ids: list[int]) -> torch.Tensor:

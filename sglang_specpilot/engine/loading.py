@@ -49,8 +49,12 @@ def load_engine_models(options: EngineOptions) -> tuple[Transformer, Transformer
     target, tokenizer = _build(read, options, options.seed, options.weights), read[2]
     draft = None
     from ..drafters import is_shared_drafter, load_shared_drafter
+    from ..drafters.eagle3 import is_eagle3, load_eagle3
 
-    if is_shared_drafter(options.draft):
+    if is_eagle3(options.draft):
+        # A feature drafter: one layer over the target's own hidden states (and its embedding).
+        draft = load_eagle3(options.draft, target)
+    elif is_shared_drafter(options.draft):
         # A trained drafter that keeps only its own layers: it borrows the target's embedding and head.
         draft = load_shared_drafter(options.draft, target)
     elif options.draft is not None:

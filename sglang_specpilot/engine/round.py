@@ -18,8 +18,8 @@ K = 1, N = D, and AR decoding is D = 0 (no draft, a verify block of one token). 
 Everything is tensor work on the device with shapes fixed by (batch bucket, shape): no host reads, so
 ``CapturedRound`` records the whole round (every draft forward, the selection, the verify pass, the
 acceptance and the commits) as one CUDA graph per batch bucket. The only host read of a round is the
-packed result ``state.out`` (tokens, then n in the last column), which the caller copies out
-asynchronously (see rows.py).
+packed result ``state.out`` (tokens, a non-finite-logits flag, then n in the last column), which the caller
+copies out asynchronously (see rows.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .draft_tree import commit_draft, expand_lattice
 from .ngram import ngram_draft
 from .ngram_tree import ngram_tree
 from .runner import ModelRunner
-from .sampling import BatchSampling, next_tokens, probs_from_logits, sample_from_probs
+from .sampling import BatchSampling, next_tokens, nonfinite_rows, probs_from_logits, sample_from_probs
 from .spec import accepted_length, chain_accept_sampling
 
 
@@ -73,7 +73,10 @@ class RoundState:
     history : [R, W] int64, each row's tokens (prompt, then emitted; past its length: stale)
     seq_len : [R] int64, tokens in the target cache; next_tok : [R] int64, the last emitted token
     in_use : [R] bool, rows whose request is live (others ride along and advance nothing)
-    out : [R, D + 2] int64, the round's result per row: emitted tokens at ``out[:, : n + 1]``, n at -1
+    out : [R, D + 3] int64, the round's result per row: emitted tokens at ``out[:, : n + 1]``, at -2 whether
+          the target's logits held a NaN or inf (read back with the tokens: no sync of its own), n at -1
+    feats, n_prev : an EAGLE-3 drafter's inputs (else None): [R, D + 1, F] the target features of the
+        last round's root and accepted nodes, [R] how many nodes it accepted (``draft_tree._eagle_root``)
     """
 
     history: torch.Tensor
@@ -81,17 +84,31 @@ class RoundState:
     next_tok: torch.Tensor
     in_use: torch.Tensor
     out: torch.Tensor
+    feats: torch.Tensor | None = None
+    n_prev: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, rows: int, width: int, shape: RoundShape, device) -> RoundState:
-        return cls(
+    def allocate(
+        cls, rows: int, width: int, shape: RoundShape, device, features: tuple[int, torch.dtype] | None = None
+    ) -> RoundState:
+        """``features``: (feature width F, dtype) for an EAGLE-3 drafter."""
+        st = cls(
             history=torch.zeros(rows, width, dtype=torch.long, device=device),
             # A free row keeps length 1: a draft step reads the token at seq_len - 1.
             seq_len=torch.ones(rows, dtype=torch.long, device=device),
             next_tok=torch.zeros(rows, dtype=torch.long, device=device),
             in_use=torch.zeros(rows, dtype=torch.bool, device=device),
-            out=torch.zeros(rows, shape.depth + 2, dtype=torch.long, device=device),
+            out=torch.zeros(rows, shape.depth + 3, dtype=torch.long, device=device),
         )
+        if features is not None:
+            st.feats = torch.zeros(rows, shape.depth + 1, features[0], dtype=features[1], device=device)
+            st.n_prev = torch.zeros(rows, dtype=torch.long, device=device)
+        return st
+
+    def row_tensors(self) -> list[torch.Tensor]:
+        """The per-row state a round reads and advances (what a capture warm-up saves and restores)."""
+        extra = [t for t in (self.feats, self.n_prev) if t is not None]
+        return [self.seq_len, self.next_tok, self.in_use, *extra]
 
 
 class Round:
@@ -101,6 +118,8 @@ class Round:
         if shape.depth and draft is None and not ngram:
             raise ValueError("speculative rounds need a drafter: a draft model or prompt lookup (ngram_size > 0)")
         self.target, self.draft, self.ngram, self.shape = target, draft, ngram, shape
+        # An EAGLE-3 drafter reads the target's features at these layers (None: a plain drafter).
+        self.feature_layers = getattr(draft.model, "feature_layers", None) if draft is not None else None
         dev = target.device
         n = shape.budget + 1 if shape.depth else 1
         self._chain_anc, self._chain_depth = causal_tree(n, dev)
@@ -113,7 +132,7 @@ class Round:
         return not (self.shape.depth and self.draft is None and not self.shape.chain)
 
     # ---- draft ------------------------------------------------------------------------------------
-    def _draft(self, hist, seq, nxt, bs: BatchSampling, kv_len):
+    def _draft(self, hist, seq, nxt, bs: BatchSampling, kv_len, features=None):
         """-> (tokens [B, N], parents [B, N] or None for a chain, accept tokens, commit info, q or None)."""
         D, K, N = self.shape.depth, self.shape.top_k, self.shape.budget
         if self.draft is None:
@@ -128,11 +147,13 @@ class Round:
                 q = probs_from_logits(logits, bs)
                 return q, sample_from_probs(q, bs.generator)
 
-        lattice, expanded_by, qs = expand_lattice(self.draft, hist, seq, nxt, D, K, kv_len, sample)
+        lattice, expanded_by, qs = expand_lattice(self.draft, hist, seq, nxt, D, K, kv_len, sample, features)
         if self.shape.chain:  # the lattice of a chain is the chain: candidate i is draft token i + 1
             return lattice.tokens[:, :, 0], None, None, None, qs
         tree = best_first(lattice, N)
-        return tree.tokens, tree.parents, tree.tokens, (tree.candidates, expanded_by), None
+        # An EAGLE-3 drafter's next round re-runs the accepted tokens with true features: no draft commit.
+        commit = None if features is not None else (tree.candidates, expanded_by)
+        return tree.tokens, tree.parents, tree.tokens, commit, None
 
     # ---- the round --------------------------------------------------------------------------------
     def run(self, st: RoundState, b: int, bs: BatchSampling, max_len: int | None = None) -> None:
@@ -150,6 +171,14 @@ class Round:
             bonus = next_tokens(logits, bs)
             n = torch.zeros_like(seq)
             st.out[:b, 0] = bonus
+            st.out[:b, -2] = nonfinite_rows(logits)
+        elif self.feature_layers is not None:
+            features = (st.feats[:b], st.n_prev[:b] * use)  # rows not in use start their window at seq_len
+            drafted = self._draft(hist, seq, nxt, bs, kv_len, features)
+            bonus, n = self.verify(
+                hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=st.out[:b], feats_out=(st.feats[:b], use)
+            )
+            st.n_prev[:b] = n * use
         else:
             bonus, n = self._spec(hist, seq, nxt, bs, kv_len, st.out[:b])
         st.out[:b, -1] = n
@@ -160,12 +189,29 @@ class Round:
         drafted = self._draft(hist, seq, nxt, bs, kv_len)
         return self.verify(hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=out)
 
-    def verify(self, hist, seq, nxt, tokens, parents, accept_tokens, commit, qs, *, bs: BatchSampling, kv_len, out):
-        """Verify drafted nodes, accept, commit; writes ``out`` [B, D + 2] and returns (bonus, n).
+    def verify(
+        self,
+        hist,
+        seq,
+        nxt,
+        tokens,
+        parents,
+        accept_tokens,
+        commit,
+        qs,
+        *,
+        bs: BatchSampling,
+        kv_len,
+        out,
+        feats_out=None,
+    ):
+        """Verify drafted nodes, accept, commit; writes ``out`` [B, D + 3] and returns (bonus, n).
 
         tokens : [B, N] node tokens; parents : [B, N] (None: a chain); accept_tokens : [B, N] the tokens
         acceptance compares (-1 marks padding nodes; None for chains); commit : (candidates, expanded_by)
         of a draft-model tree, or None; qs : the chain's draft distributions when sampling, or None.
+        feats_out : (feats [B, D + 1, F], in_use [B]) for an EAGLE-3 drafter: the target features of the
+        accepted path (root first) are stored there for rows in use.
         """
         B = seq.shape[0]
         D = self.shape.depth
@@ -176,7 +222,13 @@ class Round:
         else:
             anc = ancestor_mask(parents, D)
             depth = torch.cat([torch.zeros_like(parents[:, :1]), anc[:, 1:].sum(-1) - 1], 1)
-        logits = self.target.forward(block, seq[:, None] + depth, slots, seq, anc, kv_len)
+        if feats_out is None:
+            logits = self.target.forward(block, seq[:, None] + depth, slots, seq, anc, kv_len)
+        else:  # the features come out of the same pass: no extra forward
+            logits, feats = self.target.forward(
+                block, seq[:, None] + depth, slots, seq, anc, kv_len, feature_layers=self.feature_layers
+            )
+        out[:, -2] = nonfinite_rows(logits)
         if parents is None:  # chain: the accepted nodes are a prefix, nothing moves
             if bs.all_greedy:
                 target = logits.argmax(-1)
@@ -190,6 +242,7 @@ class Round:
                 )
                 n, bonus = res.accept_length, res.bonus
             accepted = block[:, : D + 1]
+            path = self._path.expand(B, D + 1)
         else:
             if bs.all_greedy:
                 res = accept_greedy_batched(parents, accept_tokens, logits.argmax(-1), anc)
@@ -206,6 +259,10 @@ class Round:
             if commit is not None:
                 commit_draft(self.draft, seq, commit[0], commit[1], path)
             accepted = block.gather(1, path)  # [B, D + 1]: root, a_1 .. a_n, repeats
+        if feats_out is not None:
+            buf, use = feats_out
+            picked = feats.gather(1, path[:, :, None].expand(B, D + 1, feats.shape[-1]))
+            buf.copy_(torch.where(use[:, None, None], picked.to(buf.dtype), buf))
         hist.scatter_(1, seq[:, None] + self._path, accepted)
         out[:, :D] = accepted[:, 1:]
         out[:, D] = bonus
@@ -246,7 +303,7 @@ class CapturedRound:
         if b in self._graphs:
             return
         st = self.state
-        saved = [t[:b].clone() for t in (st.seq_len, st.next_tok, st.in_use)]
+        saved = [t[:b].clone() for t in st.row_tensors()]
         st.seq_len[:b] = self.park_at
         st.in_use[:b] = False
         stream = torch.cuda.Stream()
@@ -262,7 +319,7 @@ class CapturedRound:
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle()):
                 self.round.run(st, b, bs)
             graphs.append(graph)
-        for t, v in zip((st.seq_len, st.next_tok, st.in_use), saved, strict=True):
+        for t, v in zip(st.row_tensors(), saved, strict=True):
             t[:b].copy_(v)
         self._graphs[b] = graphs
 

@@ -100,11 +100,11 @@ class ModelRunner:
         self.round_fused = self.fused_attention and self.device.type == "cuda"
 
     def _forward(
-        self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False
+        self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False, **extra
     ) -> torch.Tensor:
         meta = build_step_meta(seq_len, anc, depth, kv_len, self.group, with_mask=not fused_attention)
         return self.model(
-            tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn, seq_len, anc
+            tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn, seq_len, anc, **extra
         )
 
     def _graph_fn(self, tokens, seq_len, anc, depth, kv_len) -> torch.Tensor:
@@ -141,34 +141,39 @@ class ModelRunner:
         max_len_hint: int | None = None,
         logit_rows: torch.Tensor | None = None,
         eager: bool = False,
+        **extra,
     ) -> torch.Tensor:
         """Write the new tokens' K/V and return their logits [B, N, V] (or [B, R, V] with logit_rows).
 
         ``max_len_hint`` (host int >= max(seq_len)) lets eager runs attend over fewer cache slots.
         ``eager`` (prefill, teacher forcing) never uses or captures a graph: a graph per prompt length
-        would compile and capture anew for every new prompt.
+        would compile and capture anew for every new prompt. ``extra`` goes to the model's forward (the
+        features an EAGLE-3 drafter reads, the feature layers a target returns); such steps run eagerly.
         """
         B, N = tokens.shape
-        if self.use_graphs and not eager and logit_rows is None and anc.dim() == 2:
+        if self.use_graphs and not eager and logit_rows is None and anc.dim() == 2 and not extra:
             bucket = next(b for b in self.ladder if b >= B)
             return self._graph(bucket, N)(tokens, seq_len, anc, depth)
         kv_len = self.max_seq
         if max_len_hint is not None:
             kv_len = min(self.max_seq, _round_up(max_len_hint + N, 64))
-        return self._forward(tokens, seq_len, anc, depth, kv_len, logit_rows)
+        return self._forward(tokens, seq_len, anc, depth, kv_len, logit_rows, **extra)
 
     @torch.inference_mode()
-    def forward(self, tokens, positions, slots, seq_len, anc, kv_len: int | None = None) -> torch.Tensor:
+    def forward(self, tokens, positions, slots, seq_len, anc, kv_len: int | None = None, **extra) -> torch.Tensor:
         """One step of a speculative round (capturable: no host sync, shapes fixed by the round).
 
         tokens, positions, slots : [B, Nq]; seq_len : [B] prefix length; anc : [Nq, W] or [B, Nq, W] bool,
         query i sees every prefix slot and window slot ``seq_len + t`` where ``anc[(b,) i, t]`` (the
         step's own tokens sit inside that window at ``slots``). On CUDA the fused kernel reads only the
         live slots and the blocks run compiled; elsewhere SDPA with a dense mask over ``kv_len`` slots
-        (default: the whole cache). Returns logits [B, Nq, V].
+        (default: the whole cache). Returns logits [B, Nq, V]; ``extra`` goes to the model's forward (an
+        EAGLE-3 drafter's features ``g``, which then returns hidden states; a target's ``feature_layers``).
         """
         if self.round_fused:
-            return self.model(tokens, positions, slots, None, self.kv.layers, None, self._layer_fn, seq_len, anc)
+            return self.model(
+                tokens, positions, slots, None, self.kv.layers, None, self._layer_fn, seq_len, anc, **extra
+            )
         B, Nq = tokens.shape
         W = anc.shape[-1]
         # Compiled blocks see the whole cache: a mask narrowed to the live length would change shape, and
@@ -177,4 +182,4 @@ class ModelRunner:
             kv_len = self.kv.max_seq
         kv_len = min(self.kv.max_seq, _round_up(kv_len, 64))
         mask = window_mask(seq_len, anc.expand(B, Nq, W), kv_len, self.group)
-        return self.model(tokens, positions, slots, mask, self.kv.layers, None, self._layer_fn)
+        return self.model(tokens, positions, slots, mask, self.kv.layers, None, self._layer_fn, **extra)

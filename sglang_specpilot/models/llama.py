@@ -151,7 +151,8 @@ class Transformer(nn.Module):
         layer_fn=None,
         seq_len: torch.Tensor | None = None,
         anc: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        feature_layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run N new tokens per request through the decoder and return their logits.
 
         Parameters
@@ -165,10 +166,13 @@ class Transformer(nn.Module):
         kv : per layer (k_cache, v_cache), each [B_max, S_max, num_kv_heads, head_dim]
         logit_rows : optional [B, R] int64; only those rows of each request get logits
         layer_fn : optional ``fn(layer, x, ...)`` that runs one block, e.g. a compiled ``run_block``
+        feature_layers : optional layer indices whose outputs are also returned, concatenated, for every
+            one of the N tokens (an EAGLE-3 drafter reads them; ``drafters.eagle3``)
 
         Returns
         -------
-        logits : [B, N, vocab] (or [B, R, vocab]) in the model dtype
+        logits : [B, N, vocab] (or [B, R, vocab]) in the model dtype; with ``feature_layers``, the pair
+            (logits, features [B, N, len(feature_layers) * hidden])
         """
         B = tokens.shape[0]
         x = self.embed(tokens)
@@ -176,11 +180,17 @@ class Transformer(nn.Module):
         cos, sin = cs[:, :, 0, None], cs[:, :, 1, None]
         batch_idx = torch.arange(B, device=tokens.device)[:, None]
         run = layer_fn or run_block
-        for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=True):
+        feats = []
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv, strict=True)):
             x = run(layer, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
+            if feature_layers is not None and i in feature_layers:
+                feats.append(x)
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        return self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x))
+        if feature_layers is None:
+            return logits
+        return logits, torch.cat(feats, -1)
 
     # ---- weights -------------------------------------------------------------------------------
     @torch.no_grad()

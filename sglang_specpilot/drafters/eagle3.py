@@ -1,0 +1,262 @@
+"""An EAGLE-3-style feature drafter: one decoder layer that reads the target's own hidden states.
+
+What it reads. At position p the drafter sees the embedding of token x_p and a feature g_{p-1} that
+stands for "what the target knew one position earlier":
+
+    g_{p-1} = fc(cat(f_low, f_mid, f_high)_{p-1})    on positions the target has verified
+    g_{p-1} = h_{p-1}                                 on positions the drafter itself proposed
+
+where f_* are the outputs of three target layers (``feature_layers``: low, middle, high, as EAGLE-3
+picks them) and h is the drafter layer's own output. Its output h_p predicts x_{p+1} through its final
+norm and a head over a reduced draft vocabulary (``d2t`` maps draft ids to target ids; EAGLE-3 keeps
+the 32k most frequent tokens of the training answers).
+
+The layer. The attention projections read cat(input_norm(emb), hidden_norm(g)) (2 x hidden wide), the
+residual stream starts from g, and the MLP is the target's shape. Heads, rope and widths are the
+target's, so the drafter's K/V cache is a one-layer cache of the target's layout and the fused
+tree-attention kernel, the engine's runners and CUDA graphs serve it unchanged. The token embedding is
+the target's own tensor (not stored, not trained).
+
+In the engine (``engine/round.py``): the verify pass returns the target features at every verified node
+at no extra forward; the accepted path's features wait in the round state, and the next round's first
+draft forward re-runs the accepted tokens with those true features (a fixed window of depth + 1
+positions), so the drafter's cache always holds true-feature K/V for verified positions. The tree's
+deeper nodes use the drafter's own h, as training-time test (multi-step rollout) trained it to.
+
+On disk: a folder with ``specpilot_drafter.json`` (``"kind": "eagle3"`` and the shape), and
+``model.safetensors`` (fc, the layer, norm, lm_head, d2t).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..models.config import ModelConfig
+from ..models.llama import MLP, Attention, RMSNorm, Transformer, run_block
+
+MARKER = "specpilot_drafter.json"
+WEIGHTS = "model.safetensors"
+KIND = "eagle3"
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """Low, middle and high layer outputs, as EAGLE-3 picks them (layer 2, the middle one, the third
+    from the top; 0-based output indices)."""
+    pick = (2, num_layers // 2, num_layers - 3)
+    if not 2 < num_layers // 2 < num_layers - 3:  # small (test) models: spread them, distinct
+        pick = (0, num_layers // 2, num_layers - 1)
+    return tuple(sorted(set(pick)))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Eagle3Spec:
+    """The drafter's shape beyond the target's layer config."""
+
+    target_name: str
+    target_hidden: int
+    target_vocab: int
+    feature_layers: tuple[int, ...]
+    draft_vocab: int
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "feature_layers": list(self.feature_layers)}
+
+
+class Eagle3Layer(nn.Module):
+    """The drafter's decoder layer. Input ``x2`` = cat(embedding, g) [B, N, 2H]; output h [B, N, H].
+
+    Its forward has a target block's signature, so ``run_block`` (and the runner's compiled copy of it)
+    runs it as is.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        H = cfg.hidden_size
+        self.input_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.attn.wqkv = nn.Linear(2 * H, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.mlp_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def mixed(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention input cat(input_norm(emb), hidden_norm(g)), residual g)."""
+        e, g = x2.chunk(2, dim=-1)
+        return torch.cat([self.input_norm(e), self.hidden_norm(g)], -1), g
+
+    def forward(self, x2, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
+        a, g = self.mixed(x2)
+        h = g + self.attn(a, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Eagle3Drafter(nn.Module):
+    """See the module docstring. ``forward`` returns hidden states; ``logits`` applies norm and head."""
+
+    def __init__(self, cfg: ModelConfig, spec: Eagle3Spec, embed: nn.Embedding, rope: torch.Tensor):
+        super().__init__()
+        self.cfg, self.spec = cfg, spec
+        self.embed = embed  # the target's, shared
+        self.fc = nn.Linear(len(spec.feature_layers) * spec.target_hidden, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(cfg)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, spec.draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.arange(spec.draft_vocab), persistent=False)
+        self.register_buffer("rope", rope, persistent=False)
+
+    @property
+    def num_layers(self) -> int:
+        return 1
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.spec.feature_layers
+
+    def project(self, feats: torch.Tensor) -> torch.Tensor:
+        """Target features [.., 3 * target_hidden] -> g [.., H]."""
+        return self.fc(feats.to(self.fc.weight.dtype))
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        logit_rows: torch.Tensor | None = None,
+        layer_fn=None,
+        seq_len: torch.Tensor | None = None,
+        anc: torch.Tensor | None = None,
+        *,
+        g: torch.Tensor,
+    ) -> torch.Tensor:
+        """Hidden states h [B, N, H] (or [B, R, H] with ``logit_rows``) of tokens [B, N] with features
+        g [B, N, H]; the cache arguments are a target forward's (``models.llama.Transformer.forward``)."""
+        B = tokens.shape[0]
+        x2 = torch.cat([self.embed(tokens), g.to(self.fc.weight.dtype)], -1)
+        cs = self.rope[positions].to(x2.dtype)
+        cos, sin = cs[:, :, 0, None], cs[:, :, 1, None]
+        batch_idx = torch.arange(B, device=tokens.device)[:, None]
+        k_cache, v_cache = kv[0]
+        h = (layer_fn or run_block)(
+            self.layers[0], x2, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc
+        )
+        if logit_rows is not None:
+            h = h.gather(1, logit_rows[..., None].expand(-1, -1, h.shape[-1]))
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [.., draft_vocab] of hidden states h."""
+        return self.lm_head(self.norm(h))
+
+    def target_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits over the target vocabulary [.., V]: the draft vocabulary's, -inf elsewhere (so a top-k
+        or a sample over them never picks a token the head cannot score)."""
+        lg = self.logits(h)
+        if self.spec.draft_vocab == self.spec.target_vocab:
+            return lg
+        full = lg.new_full((*lg.shape[:-1], self.spec.target_vocab), float("-inf"))
+        return full.index_copy_(-1, self.d2t, lg)
+
+
+def is_eagle3(path: str | Path | None) -> bool:
+    if path is None or not (Path(path) / MARKER).is_file():
+        return False
+    try:
+        return json.loads((Path(path) / MARKER).read_text()).get("kind") == KIND
+    except (OSError, ValueError):
+        return False
+
+
+def layer_config(target: Transformer) -> ModelConfig:
+    return ModelConfig(**{**target.cfg.to_dict(), "num_layers": 1, "name": f"{target.cfg.name}-eagle3"})
+
+
+def init_eagle3(
+    target: Transformer, d2t: torch.Tensor | None = None, feature_layers: tuple[int, ...] | None = None
+) -> Eagle3Drafter:
+    """A fresh drafter for ``target``: the layer's MLP and attention output start from copies of the
+    target's last layer (a warm start), the head from the target's head rows of the draft vocabulary."""
+    cfg = layer_config(target)
+    V = target.cfg.vocab_size
+    d2t = torch.arange(V) if d2t is None else d2t.to(torch.long).cpu()
+    layers = tuple(sorted(set(feature_layers or default_feature_layers(target.num_layers))))
+    spec = Eagle3Spec(target.cfg.name, target.cfg.hidden_size, V, layers, int(d2t.numel()))
+    dev, dtype = target.embed.weight.device, target.embed.weight.dtype
+    draft = Eagle3Drafter(cfg, spec, target.embed, target.rope).to(device=dev, dtype=dtype)
+    draft.d2t, draft.rope = d2t.to(dev), target.rope  # .to(dtype) must not round the rope table
+    last = target.layers[-1]
+    with torch.no_grad():
+        lay = draft.layers[0]
+        lay.mlp.load_state_dict(last.mlp.state_dict())
+        lay.attn.wo.load_state_dict(last.attn.wo.state_dict())
+        lay.mlp_norm.load_state_dict(last.mlp_norm.state_dict())
+        draft.norm.load_state_dict(target.norm.state_dict())
+        draft.lm_head.weight.copy_(target.lm_head.weight[draft.d2t])
+    return draft
+
+
+def save_eagle3(draft: Eagle3Drafter, path: str | Path, meta: dict | None = None) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    own = {n: t for n, t in draft.state_dict().items() if not n.startswith("embed.")}
+    tensors = {n: t.to(torch.bfloat16).contiguous().clone() for n, t in own.items()}
+    tensors["d2t"] = draft.d2t.to(torch.int64).cpu().contiguous()
+    save_file({n: t.cpu() for n, t in tensors.items()}, str(path / WEIGHTS))
+    marker = {"kind": KIND, **draft.spec.to_json(), "layer": draft.cfg.to_dict(), **(meta or {})}
+    (path / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return path
+
+
+def load_eagle3(path: str | Path, target: Transformer) -> Eagle3Drafter:
+    """Load a drafter folder onto ``target`` (its embedding, rope, device and dtype); shape mismatches
+    against the target raise ``ValueError`` naming the field."""
+    path = Path(path)
+    marker = json.loads((path / MARKER).read_text())
+    if marker.get("kind") != KIND:
+        raise ValueError(f"{path}: not an EAGLE-3 drafter folder (kind {marker.get('kind')!r})")
+    for key, have in (("target_hidden", target.cfg.hidden_size), ("target_vocab", target.cfg.vocab_size)):
+        if marker.get(key) != have:
+            raise ValueError(
+                f"{path}: drafter was trained for a target with {key} {marker.get(key)}, this target has {have}"
+            )
+    layers = tuple(int(i) for i in marker["feature_layers"])
+    if max(layers) >= target.num_layers:
+        raise ValueError(f"{path}: drafter reads layer {max(layers)}, the target has {target.num_layers} layers")
+    try:
+        tensors = load_file(str(path / WEIGHTS))
+    except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
+        raise ValueError(f"{path / WEIGHTS}: cannot read the drafter weights ({e})") from None
+    d2t = tensors.pop("d2t")
+    spec = Eagle3Spec(marker["target_name"], marker["target_hidden"], marker["target_vocab"], layers, int(d2t.numel()))
+    cfg = layer_config(target)
+    dev, dtype = target.embed.weight.device, target.embed.weight.dtype
+    with torch.device("meta"):
+        shell = Eagle3Drafter(cfg, spec, nn.Embedding(1, 1), torch.empty(0))
+    draft = Eagle3Drafter.__new__(Eagle3Drafter)
+    nn.Module.__init__(draft)
+    draft.cfg, draft.spec, draft.embed = cfg, spec, target.embed
+    for name in ("fc", "layers", "norm", "lm_head"):
+        setattr(draft, name, getattr(shell, name).to_empty(device=dev).to(dtype))
+    draft.register_buffer("d2t", d2t.to(dev), persistent=False)
+    draft.register_buffer("rope", target.rope, persistent=False)
+    own = {n for n in draft.state_dict() if not n.startswith("embed.")}
+    if set(tensors) != own:
+        missing, extra = sorted(own - set(tensors)), sorted(set(tensors) - own)
+        raise ValueError(
+            f"{path / WEIGHTS}: tensors do not match an EAGLE-3 drafter (missing {missing[:3]}, extra {extra[:3]})"
+        )
+    sd = draft.state_dict()
+    for n, t in tensors.items():
+        if tuple(t.shape) != tuple(sd[n].shape):
+            raise ValueError(f"{path / WEIGHTS}: {n} has shape {tuple(t.shape)}, expected {tuple(sd[n].shape)}")
+    draft.load_state_dict(
+        {**{n: t.to(dev) for n, t in tensors.items()}, "embed.weight": target.embed.weight}, strict=True
+    )
+    return draft
