@@ -33,9 +33,8 @@ def _drafter(target, seed=0, vocab=None):
 
 
 def _engine(target, draft, kind, **kw):
-    opts = EngineOptions(
-        device="cpu", dtype=kw.pop("dtype", "float32"), max_seq_len=256, max_batch_size=8, **SHAPES[kind], **kw
-    )
+    kw = {"device": "cpu", "dtype": "float32", "max_seq_len": 256, "max_batch_size": 8, **kw}
+    opts = EngineOptions(graph_batch_sizes=(1, 2, 4, 8), **SHAPES[kind], **kw)
     return Engine(target, WordTokenizer(), opts, draft if kind != "ar" else None)
 
 
@@ -128,3 +127,57 @@ def test_colocate_refuses_a_feature_drafter():
     opts = EngineOptions(device="cpu", dtype="float32", max_seq_len=128, max_batch_size=4, colocate=True)
     with pytest.raises(ValueError, match="EAGLE-3"):
         Engine(target, WordTokenizer(), opts, _drafter(target))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_captured_round_equals_eager_round_bitwise(kind):
+    # The EAGLE-3 round (window re-run, feature hand-over, compiled drafter layer) recorded in the CUDA
+    # graph replays exactly what the eager round computes.
+    target = tiny_model("tiny-llama", vocab_size=V, dtype=torch.bfloat16).cuda()
+    draft = _drafter(target).to(torch.bfloat16)
+    ps = prompts([5, 17, 9], V, seed=1)
+    p = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    cap = _engine(target, draft, kind, device="cuda", dtype="bfloat16", compile=True)
+    eag = _engine(target, draft, kind, device="cuda", dtype="bfloat16", compile=True, cuda_graphs=False)
+    assert cap.captured is not None and eag.captured is None
+    cap.warmup()
+    for batch in ([ps[0]], ps):
+        a, b = cap.generate(batch, p), eag.generate(batch, p)
+        assert [r.token_ids for r in a] == [r.token_ids for r in b]
+        assert [r.rounds for r in a] == [r.rounds for r in b]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_captured_spec_equals_ar_fp32(kind):
+    target = tiny_model("tiny-llama", vocab_size=V).cuda()
+    ps = prompts([5, 17, 9, 30, 3, 12, 8, 21], V, seed=2)
+    p = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    ar = _engine(target, None, "ar", device="cuda")
+    spec = _engine(target, _drafter(target), kind, device="cuda")
+    spec.warmup()
+    for batch in (ps[:1], ps[:3], ps):
+        assert [r.token_ids for r in spec.generate(batch, p)] == [r.token_ids for r in ar.generate(batch, p)]
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_tau_replay_agrees_with_the_engine(kind):
+    # The replay (harness/tau_replay.py) grows each round's lattice from a cache filled with true
+    # features, as the engine's rounds leave it; so the rounds it counts are the engine's rounds.
+    from sglang_specpilot.harness.tau_replay import tau_report
+
+    # No EOS: the replay stops its text at EOS, where the engine spends one more round emitting it.
+    target = tiny_model("tiny-llama", vocab_size=V, dtype=torch.float64, eos_token_ids=[])
+    draft = _drafter(target).to(torch.float64)
+    ps = prompts([6, 11, 4], V, seed=4)
+    n = 40
+    ar = _engine(target, None, "ar")
+    rep = tau_report(ar, draft, ps, n, depth=4, top_k=3, budgets=(10,))
+    eng = _engine(target, draft, kind)
+    rounds = 0
+    for p in ps:
+        (res,) = eng.generate([p], SamplingParams(max_new_tokens=n))
+        rounds += res.rounds
+    want = rep["rounds_chain" if kind == "chain" else "rounds_tree10"]
+    assert rounds == want, (rounds, rep)

@@ -7,6 +7,7 @@ exactly as the engine grows it (``engine.draft_tree.expand_lattice``). Schemes, 
 - chain: accept while the drafter's argmax is the target's token (top-1), at most D
 - tree(N): best-first tree of N nodes from the lattice (top_k K per depth), longest matching path
 - oracle top-k: accept while the target's token is in the drafter's top-k, at most D (no budget limit)
+  (not for EAGLE-3 drafters, whose deeper steps read their own features: chain and trees only)
 
 tau = emitted tokens / rounds (accepted + bonus per round), pooled over the prompts.
 """
@@ -64,6 +65,77 @@ class _DraftReplay:
         return self._lattices[t]
 
 
+class _EagleReplay:
+    """The same replay for an EAGLE-3 feature drafter (``drafters.eagle3``).
+
+    The target runs once over the prompt + greedy continuation for its features; the drafter's cache is
+    then filled over the whole text with the true features one position earlier, which is what the
+    engine's rounds leave in it at every round start (each round re-runs its accepted tokens with their
+    verify-pass features). A round starting at root s grows its lattice from that cache with a window of
+    one position (the root with feature s - 1, ``n_prev`` 0), as the engine does; afterwards the
+    expansion slots get their true-feature K/V back.
+    """
+
+    def __init__(self, target, draft, seq: list[int], prompt_len: int, depth: int, top_k: int):
+        self.dev = draft.embed.weight.device
+        self.draft, self.L, self.depth, self.top_k = draft, prompt_len, depth, top_k
+        self.E = 1 + (depth - 1) * top_k
+        width = len(seq) + self.E + 2
+        scratch = self.E + 64
+        zero = torch.zeros(1, dtype=torch.long, device=self.dev)
+        self.history = torch.zeros(1, width + scratch, dtype=torch.long, device=self.dev)
+        self.history[0, : len(seq)] = torch.tensor(seq, device=self.dev)
+        x = self.history[:, : len(seq)]
+        tgt = ModelRunner(target, 1, width, cuda_graphs=False, scratch_slots=scratch)
+        _, feats = tgt.step(x, zero, *causal_tree(len(seq), self.dev), eager=True, feature_layers=draft.feature_layers)
+        del tgt
+        self.feats = feats  # [1, S, F]: target features at every position of the text
+        self.runner = ModelRunner(draft, 1, width, cuda_graphs=False, scratch_slots=scratch)
+        self._fill(0, len(seq))
+        self._lattices: dict[int, object] = {}
+
+    def _fill(self, start: int, stop: int) -> None:
+        # True-feature draft K/V for positions start .. stop - 1 (feature of position p - 1; zeros at 0).
+        f = self.feats[:, max(start - 1, 0) : stop - 1]
+        if start == 0:
+            f = torch.cat([torch.zeros_like(self.feats[:, :1]), f], 1)
+        x = self.history[:, start:stop]
+        seq_len = torch.tensor([start], device=self.dev)
+        self.runner.step(x, seq_len, *causal_tree(stop - start, self.dev), eager=True, g=self.draft.project(f))
+
+    def lattice(self, t: int):
+        if t not in self._lattices:
+            s = self.L + t - 1
+            seq_len = torch.tensor([s], device=self.dev)
+            features = (self.feats[:, s - 1 : s], torch.zeros(1, dtype=torch.long, device=self.dev))
+            lat, _, _ = expand_lattice(
+                self.runner,
+                self.history,
+                seq_len,
+                self.history[:, s],
+                self.depth,
+                self.top_k,
+                kv_len=s + self.E + 1,
+                features=features,
+            )
+            self._fill(s + 1, min(s + self.E, self.feats.shape[1]))
+            self._lattices[t] = lat
+        return self._lattices[t]
+
+
+@torch.inference_mode()
+def _eagle_tau(target, draft, prompt, g, depth, top_k, budgets, add) -> None:
+    # Chain: the lattice of top_k 1 (the drafter's own features feed its deeper steps, so teacher-forced
+    # ranks would overstate it); trees: best-first from the top_k lattice.
+    seq = list(prompt) + g
+    chain = _EagleReplay(target, draft, seq, len(prompt), depth, 1)
+    T = len(g)
+    add("chain", replay(T, lambda t: accepted_on_truth(_single(best_first(chain.lattice(t), depth)), g[t:])))
+    rep = _EagleReplay(target, draft, seq, len(prompt), depth, top_k)
+    for n in budgets:
+        add(f"tree{n}", replay(T, lambda t, n=n: accepted_on_truth(_single(best_first(rep.lattice(t), n)), g[t:])))
+
+
 def tau_report(
     target_engine,
     draft,
@@ -91,6 +163,9 @@ def tau_report(
     for prompt in prompts:
         g = target_engine.generate([prompt], params)[0].token_ids
         if len(g) < 2:
+            continue
+        if hasattr(draft, "feature_layers"):  # an EAGLE-3 drafter reads the target's features
+            _eagle_tau(target_engine.target, draft, prompt, g, depth, top_k, budgets, add)
             continue
         rep = _DraftReplay(draft, list(prompt) + g, len(prompt), depth, top_k)
         T = len(g)
