@@ -104,8 +104,13 @@ def test_folder_round_trip_and_refusals(tmp_path):
     loaded = load_eagle3(path, target)
     assert loaded.embed is target.embed and loaded.d2t.tolist() == [0, 1, 4, 5, 9]
     x = torch.randn(2, 3, draft.cfg.hidden_size)
-    # Saved in bf16: the loaded head equals the bf16-rounded original.
-    torch.testing.assert_close(loaded.lm_head.weight, draft.lm_head.weight.to(torch.bfloat16).float())
+    # The default head is the target's rows of the draft vocabulary, not stored: the loaded one is exact.
+    assert "lm_head.weight" not in draft.state_dict()
+    torch.testing.assert_close(loaded.lm_head.weight, target.lm_head.weight[[0, 1, 4, 5, 9]], rtol=0, atol=0)
+    torch.testing.assert_close(loaded.fc.weight, draft.fc.weight.to(torch.bfloat16).float())
+    trained = save_eagle3(init_eagle3(target, head="trained"), tmp_path / "t")
+    assert load_eagle3(trained, target).spec.head == "trained"
+    assert "lm_head.weight" in init_eagle3(target, head="trained").state_dict()
     assert loaded.target_logits(x).shape == (2, 3, V)
     assert torch.isinf(loaded.target_logits(x)[..., 2]).all()
 

@@ -24,7 +24,8 @@ positions), so the drafter's cache always holds true-feature K/V for verified po
 deeper nodes use the drafter's own h, as training-time test (multi-step rollout) trained it to.
 
 On disk: a folder with ``specpilot_drafter.json`` (``"kind": "eagle3"`` and the shape), and
-``model.safetensors`` (fc, the layer, norm, lm_head, d2t).
+``model.safetensors`` (fc, the layer, norm, d2t, and lm_head only when the head was trained: by default
+it is the target's head rows of the draft vocabulary, frozen, which loading takes from the target).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class Eagle3Spec:
     target_vocab: int
     feature_layers: tuple[int, ...]
     draft_vocab: int
+    # "target": the head is the target's LM-head rows of the draft vocabulary, frozen and not stored (a
+    # trained 32k x 576 head would be 37 of a 47 MB folder for SmolLM2); "trained": its own, stored.
+    head: str = "target"
 
     def to_json(self) -> dict:
         return {**asdict(self), "feature_layers": list(self.feature_layers)}
@@ -94,6 +98,22 @@ class Eagle3Layer(nn.Module):
         a, g = self.mixed(x2)
         h = g + self.attn(a, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
         return h + self.mlp(self.mlp_norm(h))
+
+
+class FrozenHead(nn.Module):
+    """The target's head rows of the draft vocabulary: a non-persistent buffer, so neither trained (no
+    parameter) nor saved (not in the state dict); loading takes them from the target again."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+def _target_head(target: Transformer, d2t: torch.Tensor) -> FrozenHead:
+    return FrozenHead(target.lm_head.weight.detach()[d2t.to(target.lm_head.weight.device)].clone())
 
 
 class Eagle3Drafter(nn.Module):
@@ -179,15 +199,21 @@ def layer_config(target: Transformer) -> ModelConfig:
 
 
 def init_eagle3(
-    target: Transformer, d2t: torch.Tensor | None = None, feature_layers: tuple[int, ...] | None = None
+    target: Transformer,
+    d2t: torch.Tensor | None = None,
+    feature_layers: tuple[int, ...] | None = None,
+    head: str = "target",
 ) -> Eagle3Drafter:
     """A fresh drafter for ``target``: the layer's MLP and attention output start from copies of the
-    target's last layer (a warm start), the head from the target's head rows of the draft vocabulary."""
+    target's last layer (a warm start); the head is the target's head rows of the draft vocabulary,
+    frozen (``head="target"``) or as the start of a trained one (``"trained"``)."""
+    if head not in ("target", "trained"):
+        raise ValueError(f"head must be 'target' or 'trained', got {head!r}")
     cfg = layer_config(target)
     V = target.cfg.vocab_size
     d2t = torch.arange(V) if d2t is None else d2t.to(torch.long).cpu()
     layers = tuple(sorted(set(feature_layers or default_feature_layers(target.num_layers))))
-    spec = Eagle3Spec(target.cfg.name, target.cfg.hidden_size, V, layers, int(d2t.numel()))
+    spec = Eagle3Spec(target.cfg.name, target.cfg.hidden_size, V, layers, int(d2t.numel()), head)
     dev, dtype = target.embed.weight.device, target.embed.weight.dtype
     draft = Eagle3Drafter(cfg, spec, target.embed, target.rope).to(device=dev, dtype=dtype)
     draft.d2t, draft.rope = d2t.to(dev), target.rope  # .to(dtype) must not round the rope table
@@ -198,7 +224,11 @@ def init_eagle3(
         lay.attn.wo.load_state_dict(last.attn.wo.state_dict())
         lay.mlp_norm.load_state_dict(last.mlp_norm.state_dict())
         draft.norm.load_state_dict(target.norm.state_dict())
-        draft.lm_head.weight.copy_(target.lm_head.weight[draft.d2t])
+    if head == "target":
+        draft.lm_head = _target_head(target, draft.d2t)
+    else:
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(target.lm_head.weight[draft.d2t])
     return draft
 
 
@@ -234,7 +264,14 @@ def load_eagle3(path: str | Path, target: Transformer) -> Eagle3Drafter:
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
         raise ValueError(f"{path / WEIGHTS}: cannot read the drafter weights ({e})") from None
     d2t = tensors.pop("d2t")
-    spec = Eagle3Spec(marker["target_name"], marker["target_hidden"], marker["target_vocab"], layers, int(d2t.numel()))
+    head = marker.get("head", "target")
+    if head not in ("target", "trained"):
+        raise ValueError(f"{path}: unknown head {head!r} (expected 'target' or 'trained')")
+    if int(d2t.min()) < 0 or int(d2t.max()) >= target.cfg.vocab_size:
+        raise ValueError(f"{path / WEIGHTS}: d2t maps to ids outside the target vocabulary")
+    spec = Eagle3Spec(
+        marker["target_name"], marker["target_hidden"], marker["target_vocab"], layers, int(d2t.numel()), head
+    )
     cfg = layer_config(target)
     dev, dtype = target.embed.weight.device, target.embed.weight.dtype
     with torch.device("meta"):
@@ -246,6 +283,8 @@ def load_eagle3(path: str | Path, target: Transformer) -> Eagle3Drafter:
         setattr(draft, name, getattr(shell, name).to_empty(device=dev).to(dtype))
     draft.register_buffer("d2t", d2t.to(dev), persistent=False)
     draft.register_buffer("rope", target.rope, persistent=False)
+    if head == "target":
+        draft.lm_head = _target_head(target, draft.d2t)
     own = {n for n in draft.state_dict() if not n.startswith("embed.")}
     if set(tensors) != own:
         missing, extra = sorted(own - set(tensors)), sorted(set(tensors) - own)
