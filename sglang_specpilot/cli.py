@@ -499,14 +499,38 @@ def cmd_tau(args: argparse.Namespace) -> int:
     return 0
 
 
+# Per --kind: the defaults of the flags both trainers read, and the flags only one of them reads (None
+# unless given, so a flag of the other kind is refused instead of silently ignored).
+TRAIN_DEFAULTS = {
+    "shared": {"steps": 2000, "batch": 8, "lr": 3e-4},
+    "eagle3": {
+        "steps": 2000, "batch": 16, "lr": 3e-4, "ttt_steps": 7, "max_len": 1024, "answers": "greedy,sampled",
+        "answer_temperature": 0.8, "draft_vocab": 32000, "gen_batch": 128,
+    },
+}  # fmt: skip
+TRAIN_ONLY = {
+    "shared": ("layers",),
+    "eagle3": ("ttt_steps", "max_len", "answers", "answer_temperature", "draft_vocab", "gen_batch", "train_seconds"),
+}
+
+
 def cmd_train_drafter(args: argparse.Namespace) -> int:
     from .drafters.train import check_training_spec, train_drafter
 
     check_prompt_set(args.prompts)
     check_training_spec(args.prompts)  # never an evaluation set (MT-Bench) or held-out HumanEval
-    _positive(args, "layers", "steps", "batch", "answer_tokens")
+    other = "eagle3" if args.kind == "shared" else "shared"
+    for name in TRAIN_ONLY[other]:
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} is a flag of --kind {other} (this is --kind {args.kind})")
+    for name, value in {"layers": 2, **TRAIN_DEFAULTS[args.kind]}.items():
+        if getattr(args, name, None) is None and name not in TRAIN_ONLY[other]:
+            setattr(args, name, value)
+    _positive(args, "layers", "steps", "batch", "answer_tokens", "ttt_steps", "max_len", "draft_vocab", "gen_batch")
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if args.kind == "eagle3":
+        return _train_eagle3(args)
     ar, _ = _ar_engine(args, "ar", max_batch=8)
     chat = not args.no_chat and not args.synthetic and hasattr(ar.tokenizer, "apply_chat_template")
     prompts = _prompt_set(args.prompts, ar.target.cfg.vocab_size)
@@ -520,6 +544,50 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         lr=args.lr,
         new_tokens=args.answer_tokens,
         chat=chat,
+        seed=args.seed,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+def _train_eagle3(args: argparse.Namespace) -> int:
+    from .drafters.train_eagle3 import parse_answers, train_eagle3
+
+    answers = parse_answers(args.answers)
+    if "sampled" in answers and not args.answer_temperature > 0:
+        raise ValueError(f"--answer-temperature must be > 0, got {args.answer_temperature}")
+    if args.train_seconds is not None and not args.train_seconds > 0:
+        raise ValueError(f"--train-seconds must be > 0, got {args.train_seconds}")
+    if args.max_seq_len is None:
+        # Training cuts sequences at --max-len, so the answering engine needs no more context than that
+        # (the model's own 8k context would size a KV cache for --gen-batch rows of it).
+        args.max_seq_len = args.max_len + 64
+    # No torch.compile for answering: every batch size the rows shrink through would compile anew, which
+    # costs more than it saves on a few thousand answers (CUDA graphs still replay the decode steps).
+    args.compile = False
+    ar, _ = _ar_engine(args, "ar", max_batch=args.gen_batch)
+    chat = not args.no_chat and not args.synthetic and hasattr(ar.tokenizer, "apply_chat_template")
+    prompts = _prompt_set(args.prompts, ar.target.cfg.vocab_size)
+    summary = train_eagle3(
+        ar,
+        prompts,
+        args.out,
+        new_tokens=args.answer_tokens,
+        chat=chat,
+        answers=answers,
+        temperature=args.answer_temperature,
+        seed=args.seed,
+        gen_batch=args.gen_batch,
+        sources=args.prompts,
+        ttt_steps=args.ttt_steps,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        max_len=args.max_len,
+        draft_vocab=args.draft_vocab,
+        train_seconds=args.train_seconds,
+        progress=sys.stderr.isatty(),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(json.dumps(summary))
@@ -605,7 +673,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-chat", action="store_true", help="replay the prompts raw, without the chat template")
     _add_engine_args(t, ("model", "draft", "draft_layers", "synthetic", "device", "dtype", "max_seq_len"))
 
-    d = command("train-drafter", "self-distil a small drafter for the target (saves a --draft folder)")
+    d = command(
+        "train-drafter",
+        "self-distil a drafter for the target on its own answers (saves a --draft folder)",
+        epilog="--kind shared: the target's first layers (--layers) with its embedding and head shared.\n"
+        "--kind eagle3: one layer over the target's low/mid/high features with a reduced vocabulary, trained\n"
+        "with training-time test (--ttt-steps rollout steps: the tree depths it drafts well).\n"
+        "A flag of one kind is refused with the other.",
+    )
     d.add_argument("--out", required=True, help="output folder (loadable with --draft)")
     d.add_argument(
         "--prompts",
@@ -613,12 +688,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of humaneval (problems 0-99; the eval extra), offline[:N] (the committed offline prompt "
         "set, drafters/data/offline_prompts.jsonl), synthetic:N; never mtbench (an evaluation set)",
     )
-    d.add_argument("--layers", type=int, default=2, help="decoder layers of the drafter")
-    d.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    d.add_argument("--batch", type=int, default=8, help="sequences per step")
-    d.add_argument("--lr", type=float, default=3e-4, help="learning rate")
-    d.add_argument("--answer-tokens", type=int, default=256, help="tokens of the target's answer per prompt")
+    d.add_argument("--kind", choices=("shared", "eagle3"), default="shared", help="drafter to train")
+    d.add_argument("--layers", type=int, help="decoder layers of the drafter (shared; default: 2)")
+    d.add_argument("--steps", type=int, help="optimizer steps (default: 2000)")
+    d.add_argument(
+        "--batch", type=int, help="sequences per step (shared; default: 8), packed rows of --max-len tokens per "
+        "step (eagle3; default: 16)",
+    )  # fmt: skip
+    d.add_argument("--lr", type=float, help="peak learning rate (default: 3e-4)")
+    d.add_argument("--answer-tokens", "--new-tokens", dest="answer_tokens", type=int, default=256,
+                   help="tokens of the target's answer per prompt")  # fmt: skip
+    d.add_argument("--seed", type=int, default=0, help="seed of the initialisation, batches and sampled answers")
     d.add_argument("--no-chat", action="store_true", help="use the prompts raw, without the chat template")
+    e = d.add_argument_group("eagle3")
+    e.add_argument("--ttt-steps", type=int, help="training-time test rollout steps (default: 7: trees of depth 7)")
+    e.add_argument("--max-len", type=int, help="tokens per packed row; longer sequences are cut (default: 1024)")
+    e.add_argument("--answers", help="answers the target writes per prompt: greedy, sampled or both "
+                   "(default: greedy,sampled)")  # fmt: skip
+    e.add_argument("--answer-temperature", type=float, help="temperature of the sampled answers (default: 0.8)")
+    e.add_argument("--draft-vocab", type=int,
+                   help="draft vocabulary: the most frequent tokens of the training text (default: 32000)")  # fmt: skip
+    e.add_argument("--gen-batch", type=int, help="prompts the target answers at once (default: 128)")
+    e.add_argument("--train-seconds", type=float,
+                   help="fit --steps to this many seconds of training, timed on the first steps")  # fmt: skip
     _add_engine_args(d, ("model", "synthetic", "device", "dtype", "max_seq_len"))
 
     s = command("serve", "OpenAI-compatible HTTP server (needs the server extra)")

@@ -1,0 +1,207 @@
+"""The EAGLE-3 trainer (drafters/train_eagle3.py): its TTT steps are the engine's inference path, packing
+keeps sequences apart, a short run learns, and the CLI refuses evaluation sets."""
+
+import json
+
+import pytest
+import torch
+from helpers import WordTokenizer, prompts, tiny_model
+
+from sglang_specpilot import cli
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.drafters.eagle3 import init_eagle3, is_eagle3, load_eagle3
+from sglang_specpilot.drafters.train_eagle3 import (
+    Sequence,
+    chain_tau,
+    draft_vocabulary,
+    make_batch,
+    pack,
+    parse_answers,
+    target_pass,
+    train_eagle3,
+    ttt_forward,
+    ttt_mask,
+)
+from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.attn_meta import causal_tree
+from sglang_specpilot.engine.runner import ModelRunner
+
+TIGHT = {"rtol": 1e-10, "atol": 1e-10}
+
+
+def _fp64_pair(name="tiny-llama", seed=0):
+    """A float64 target and a drafter moved off its warm start (so every part of it matters)."""
+    target = tiny_model(name, dtype=torch.float64)
+    torch.manual_seed(seed)
+    draft = init_eagle3(target)
+    with torch.no_grad():
+        for n, p in draft.named_parameters():
+            if not n.startswith("embed."):
+                p.add_(torch.randn_like(p) * 0.2)
+    return target, draft
+
+
+def _runner(model):
+    return ModelRunner(model, 1, 256, cuda_graphs=False, scratch_slots=64)
+
+
+def _true_features(target, draft, seq):
+    """The target's features over ``seq`` [1, S] from the engine's eager prefill path."""
+    anc, depth = causal_tree(seq.shape[1])
+    _, feats = _runner(target).step(seq, torch.zeros(1, dtype=torch.long), anc, depth, eager=True,
+                                    feature_layers=draft.feature_layers)  # fmt: skip
+    return feats
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])  # GQA (2 query heads per KV head); qk-norm
+@torch.inference_mode()
+def test_step0_equals_the_prefill_path(name):
+    target, draft = _fp64_pair(name)
+    seq = torch.tensor(prompts([23], target.cfg.vocab_size, seed=3))
+    feats = _true_features(target, draft, seq)
+    # Engine._prefill_eagle: the drafter's chunk reads the features one position earlier, zeros at 0.
+    g = draft.project(torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1))
+    anc, depth = causal_tree(seq.shape[1])
+    want = _runner(draft).step(seq, torch.zeros(1, dtype=torch.long), anc, depth, eager=True, g=g)
+    (got,) = ttt_forward(draft, seq, feats, 1)
+    torch.testing.assert_close(got, want, **TIGHT)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+@torch.inference_mode()
+def test_step_k_equals_a_chain_at_inference(name):
+    # A chain as draft_tree.expand_lattice grows it with top_k 1: the prefix up to the root r with true
+    # features (the depth-0 window), then node d (token x_{r+d}, teacher-forced) at slot and position
+    # r + d with its parent's h as g, seeing the prefix and its ancestors. Its h is TTT step d at r + d.
+    target, draft = _fp64_pair(name, seed=1)
+    S, depth = 20, 5
+    seq = torch.tensor(prompts([S], target.cfg.vocab_size, seed=4))
+    feats = _true_features(target, draft, seq)
+    hs = ttt_forward(draft, seq, feats, depth + 1)
+    g_true = draft.project(torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], 1))
+    for r in (0, 6, S - 1 - depth):
+        run = _runner(draft)
+        anc, dep = causal_tree(r + 1)
+        h = run.step(seq[:, : r + 1], torch.zeros(1, dtype=torch.long), anc, dep, eager=True, g=g_true[:, : r + 1])
+        torch.testing.assert_close(h[:, r], hs[0][:, r], **TIGHT)
+        parent = h[:, r : r + 1]
+        for d in range(1, depth + 1):
+            at = torch.tensor([[r + d]])
+            window = torch.ones(1, 1, d, dtype=torch.bool)  # slots r+1 .. r+d: ancestors and the node itself
+            parent = run.forward(seq[:, r + d : r + d + 1], at, at, torch.tensor([r + 1]), window, g=parent)
+            torch.testing.assert_close(parent[:, 0], hs[d][:, r + d], **TIGHT, msg=f"root {r} depth {d}")
+
+
+@torch.inference_mode()
+def test_packed_rows_equal_sequences_alone():
+    # Two sequences in one row (block-diagonal masks, positions from 0 each) give each one's own target
+    # features and TTT states: nothing crosses a sequence boundary, at any step.
+    target, draft = _fp64_pair()
+    a, b = prompts([9, 13], target.cfg.vocab_size, seed=5)
+    packed = make_batch([[Sequence(tuple(a), 3, 0, "greedy"), Sequence(tuple(b), 4, 1, "greedy")]])
+    logits, feats = target_pass(target, packed, draft.feature_layers)
+    hs = ttt_forward(draft, packed.tokens, feats, 4, packed.positions, packed.segments)
+    assert packed.tokens.shape[1] == 32  # 22 tokens rounded up to 16; the tail is padding
+    assert packed.answer[0].nonzero()[:, 0].tolist() == [*range(2, 8), *range(9 + 3, 9 + 12)]
+    at = 0
+    for ids in (a, b):
+        seq = torch.tensor([ids])
+        alone_feats = _true_features(target, draft, seq)
+        sl = slice(at, at + len(ids))
+        torch.testing.assert_close(feats[:, sl], alone_feats, **TIGHT)
+        for k, h in enumerate(ttt_forward(draft, seq, alone_feats, 4)):
+            torch.testing.assert_close(hs[k][:, sl][:, k:], h[:, k:], **TIGHT)  # positions with a chain behind
+        at += len(ids)
+
+
+def test_mask_vocabulary_packing_and_answers():
+    seg = torch.zeros(1, 5, dtype=torch.long)
+    m = ttt_mask(seg, 2)[0].int()
+    # Query 4 at step 2: step-0 keys 0..2, step-1 key 3, step-2 key 4 (itself).
+    assert m[4].tolist() == [1, 1, 1, 0, 0] + [0, 0, 0, 1, 0] + [0, 0, 0, 0, 1]
+    assert (m.sum(-1) >= 1).all()
+    seqs = [Sequence((5, 5, 7, 2), 1, 0, "greedy"), Sequence((7, 9, 2), 1, 1, "sampled")]
+    # counts: 7 and 5 and 2 twice, 9 once; ties by id (2 before 5 before 7), then unseen ids by id.
+    assert draft_vocabulary(seqs, 12, 4).tolist() == [2, 5, 7, 9]
+    assert draft_vocabulary(seqs, 12, 5).tolist() == [0, 2, 5, 7, 9]
+    assert draft_vocabulary([Sequence((2, 2, 1), 1, 0, "greedy")], 3, 32000).tolist() == [0, 1, 2]  # V < 32000
+    many = [Sequence(tuple(range(n)), 1, i, "greedy") for i, n in enumerate([7, 3, 5, 2, 6, 9, 4])]
+    rows = pack(many, 8)
+    assert sorted(s.prompt_index for r in rows for s in r) == list(range(7))
+    assert all(sum(len(s.ids) for s in r) <= 8 for r in rows) and len(rows) == 5
+    assert max(len(s.ids) for r in rows for s in r) == 8  # the 9-token sequence is cut to max_len
+    assert pack([Sequence((1, 2, 3), 3, 0, "greedy")], 8) == []  # no answer token: dropped
+    assert parse_answers("sampled, greedy") == ("sampled", "greedy")
+    with pytest.raises(ValueError, match="--answers"):
+        parse_answers("greedy,beam")
+    assert chain_tau([1.0, 1.0]) == 3.0 and chain_tau([0.5, 0.5]) == 1.75
+
+
+def _ar(target, max_batch=6):
+    opts = EngineOptions(max_seq_len=256, max_batch_size=max_batch, device="cpu", dtype="float32")
+    return Engine(target, WordTokenizer(), opts)
+
+
+def test_short_training_learns_and_the_folder_drives_the_engine(tmp_path):
+    target = tiny_model("tiny-llama")
+    ar = _ar(target)
+    ps = prompts([5, 8, 6, 7, 9, 4], target.cfg.vocab_size, seed=1)
+    summary = train_eagle3(
+        ar, ps, tmp_path / "d", new_tokens=40, chat=False, steps=120, batch=4, lr=1e-2, max_len=128, ttt_steps=3,
+        draft_vocab=256, eval_frac=0.0, progress=False, log=lambda m: None,
+    )  # fmt: skip
+    assert summary["sequences"] == 12 and summary["draft_vocab"] == 256  # greedy and sampled answers
+    assert summary["last_loss"] < 0.3 * summary["first_loss"]
+    assert all(b > a + 0.3 for a, b in zip(summary["first_acc"], summary["last_acc"], strict=True))
+    marker = json.loads((tmp_path / "d" / "specpilot_drafter.json").read_text())
+    meta = marker["training"]
+    assert meta["tokens"] > meta["answer_tokens"] > 0 and meta["train_seconds"] > 0 and meta["steps"] == 120
+    assert meta["answers"] == ["greedy", "sampled"] and marker["draft_vocab"] == 256
+    assert is_eagle3(tmp_path / "d")
+    draft = load_eagle3(tmp_path / "d", target)
+    assert draft.d2t.numel() == 256 and draft.embed is target.embed
+    tree = EngineOptions(max_seq_len=256, max_batch_size=6, device="cpu", dtype="float32", tree_budget=8,
+                         tree_depth=3, tree_top_k=2)  # fmt: skip
+    spec = Engine(target, WordTokenizer(), tree, draft)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    assert [r.token_ids for r in spec.generate(ps, params)] == [r.token_ids for r in ar.generate(ps, params)]
+    assert spec.batch.round_tokens > 1.2 * spec.batch.rounds  # the trained drafter's tokens get accepted
+
+
+def _main(capsys, *argv):
+    rc = cli.main(list(argv))
+    return rc, capsys.readouterr()
+
+
+def test_cli_eagle3_refuses_evaluation_sets_and_foreign_flags(capsys, monkeypatch):
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(cli, "_ar_engine", no_loading)
+    cases = [
+        (["--prompts", "mtbench"], "MT-Bench is an evaluation set"),
+        (["--prompts", "offline,mtbench"], "MT-Bench is an evaluation set"),
+        (["--prompts", "humaneval:90-120"], "held out"),
+        (["--prompts", "synthetic:2", "--layers", "2"], "--layers is a flag of --kind shared"),
+        (["--prompts", "synthetic:2", "--ttt-steps", "0"], "--ttt-steps"),
+        (["--prompts", "synthetic:2", "--answers", "beam"], "--answers"),
+    ]
+    for args, needle in cases:
+        rc, out = _main(capsys, "train-drafter", "--kind", "eagle3", "--out", "/tmp/never-written", *args)
+        assert rc == 2 and needle in out.err and out.err.count("\n") == 1, out.err
+    rc, out = _main(capsys, "train-drafter", "--out", "/tmp/never", "--prompts", "synthetic:2", "--ttt-steps", "3")
+    assert rc == 2 and "--ttt-steps is a flag of --kind eagle3" in out.err
+
+
+def test_cli_eagle3_trains_a_loadable_drafter(capsys, tmp_path):
+    out = tmp_path / "d"
+    rc, res = _main(
+        capsys, "train-drafter", "--kind", "eagle3", "--out", str(out), "--prompts", "synthetic:3", "--steps", "3",
+        "--batch", "2", "--new-tokens", "8", "--ttt-steps", "2", "--gen-batch", "3", "--max-len", "64",
+        "--model", "tiny-llama", "--synthetic", "--device", "cpu",
+    )  # fmt: skip
+    assert rc == 0, res.err
+    summary = json.loads(res.out.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["ttt_steps"] == 2 and summary["prompts"] == "synthetic:3"
+    assert summary["sequences"] == 6 and summary["answers"] == ["greedy", "sampled"]
+    assert json.loads((out / "specpilot_drafter.json").read_text())["kind"] == "eagle3"
