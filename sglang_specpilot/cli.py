@@ -371,6 +371,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(ev.text)
             sys.stdout.flush()
         res = ev.result or res
+    if res.error is not None:  # never reported as a success, in text or JSON
+        print(f"\nspecpilot: error: generation failed: {res.error}", file=sys.stderr)
+        return 1
     out = {
         "text": res.text,
         "token_ids": res.token_ids,

@@ -151,7 +151,7 @@ def test_planted_tree_round(correct_depth, rank):
     history[0, : len(prefix)] = torch.tensor(prefix)
     seq_len = torch.tensor([len(prefix)])
     bs = BatchSampling.from_params([SamplingParams()], "cpu")
-    out = torch.zeros(1, 4 + 2, dtype=torch.long)
+    out = torch.zeros(1, 4 + 3, dtype=torch.long)  # RoundState.out: D + 1 tokens, the non-finite flag, n
     _, n = rnd.verify(
         history,
         seq_len,
@@ -167,6 +167,7 @@ def test_planted_tree_round(correct_depth, rank):
     )
     assert int(n) == correct_depth
     assert out[0, : correct_depth + 1].tolist() == g[1 : correct_depth + 2]  # accepted + bonus
+    assert out[0, -2] == 0  # finite logits
     L = len(prefix) + 1 + correct_depth
     assert history[0, :L].tolist() == prefix + g[: correct_depth + 1]
     # The committed cache is the accepted sequence's cache: the next step's logits equal a recompute.

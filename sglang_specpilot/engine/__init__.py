@@ -1,5 +1,13 @@
 from .engine import Engine
-from .request import GenerationResult, RequestError, StreamEvent
+from .request import GenerationError, GenerationResult, RequestError, RequestFailed, StreamEvent
 from .sampling import SamplingParams
 
-__all__ = ["Engine", "GenerationResult", "RequestError", "SamplingParams", "StreamEvent"]
+__all__ = [
+    "Engine",
+    "GenerationError",
+    "GenerationResult",
+    "RequestError",
+    "RequestFailed",
+    "SamplingParams",
+    "StreamEvent",
+]

@@ -25,6 +25,7 @@ from ..colocate.segments import StepInputs, draft_chain, verify_chain
 from ..models.llama import Transformer, fused_attention_supported
 from .attn_meta import StepMeta, build_step_meta, causal_tree
 from .kv_cache import KVCache
+from .sampling import nonfinite_rows
 from .spec import chain_accept_greedy
 
 
@@ -326,13 +327,15 @@ class ColocatedRound:
         rnd()
         self.drafts[dlo:dhi] = torch.stack(rnd.draft.state["drafts"], 1)
         drafts = self.drafts[lo:hi]
-        n, bonus = chain_accept_greedy(drafts, rnd.target.state["logits"])
+        logits = rnd.target.state["logits"]
+        n, bonus = chain_accept_greedy(drafts, logits)
         block = self.bufs[x].verify_block
         st.history[lo:hi].scatter_(1, seq[:, None] + self._ar, block)
         out = st.out[lo:hi]
         out[:, :g] = drafts
         out[:, g] = bonus
         out.scatter_(1, n[:, None], bonus[:, None])
+        out[:, -2] = nonfinite_rows(logits)
         out[:, -1] = n
         st.out[dlo:dhi, -1] = -1  # the drafted half emits nothing this step
         seq += (n + 1) * use

@@ -29,7 +29,7 @@ import torch
 from ..config import EngineOptions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
-from .request import GenerationResult, Request, RequestError, StreamEvent
+from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
 from .rows import RowBatch
 from .runner import ModelRunner
@@ -255,15 +255,25 @@ class Engine:
         prompts: list[str | list[int]] | str,
         params: SamplingParams | list[SamplingParams] | None = None,
         chat: bool = False,
+        raise_on_error: bool = True,
     ) -> list[GenerationResult]:
-        """Generate for a batch of prompts (text or token ids); returns one result per prompt."""
+        """Generate for a batch of prompts (text or token ids); returns one result per prompt.
+
+        A request the engine fails (non-finite logits, parameters it cannot use) fails alone: the others
+        finish as they would have alone. Then ``GenerationError`` is raised, with every result in
+        ``.results``; with ``raise_on_error=False`` the results are returned, the failed ones with
+        ``finish_reason == "error"`` and ``error`` set. A failure is never returned as a success.
+        """
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         batch = [prompts] if single else list(prompts)
         results: dict[int, GenerationResult] = {}
         for ev in self.stream(batch, params, chat=chat):
             if ev.result is not None:
                 results[ev.index] = ev.result
-        return [results[i] for i in range(len(batch))]
+        out = [results[i] for i in range(len(batch))]
+        if raise_on_error and any(r.error is not None for r in out):
+            raise GenerationError(out)
+        return out
 
     def stream(
         self,
@@ -271,7 +281,10 @@ class Engine:
         params: SamplingParams | list[SamplingParams] | None = None,
         chat: bool = False,
     ) -> Iterator[StreamEvent]:
-        """Yield ``StreamEvent``s as tokens are produced; each request's last event carries its result."""
+        """Yield ``StreamEvent``s as tokens are produced; each request's last event carries its result.
+
+        A request that fails ends with an event of ``finish_reason == "error"`` (its result's ``error``
+        says why); the other requests go on."""
         if not prompts:
             raise RequestError("no prompts given")
         if len(prompts) > self.options.max_batch_size:

@@ -35,3 +35,13 @@ class KVCache:
         kv = self.storage[:, :, :B]  # [L, 2, B, S, H, D]
         moved = kv[:, :, b, src]  # gather everything first: sources and targets can overlap
         kv[:, :, b, dst] = moved
+
+    @torch.no_grad()
+    def clear_row(self, row: int) -> None:
+        """Zero one row's K/V in every layer (scratch slots included).
+
+        A released row is reused as it is, which is safe only while its stale entries are finite: masked
+        attention weighs them by 0, and 0 * NaN is NaN. A row whose model produced non-finite values is
+        cleared before anyone else gets it.
+        """
+        self.storage[:, :, row].zero_()

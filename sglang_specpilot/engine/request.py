@@ -12,6 +12,21 @@ class RequestError(ValueError):
     """A request the engine refuses (empty prompt, too long for the context, bad parameters)."""
 
 
+class RequestFailed(RuntimeError):
+    """A request the engine admitted and could not finish (``finish_reason == "error"``); it failed alone,
+    the requests that ran beside it were not affected."""
+
+
+class GenerationError(RuntimeError):
+    """``Engine.generate``: some requests failed. ``results`` holds every request's result in order (the
+    failed ones with ``finish_reason == "error"`` and ``error`` set), so the others are not lost."""
+
+    def __init__(self, results: list[GenerationResult]):
+        self.results = results
+        failed = [f"prompt {i}: {r.error}" for i, r in enumerate(results) if r.error is not None]
+        super().__init__(f"{len(failed)} of {len(results)} requests failed; " + "; ".join(failed))
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -22,6 +37,7 @@ class GenerationResult:
     mean_accepted: float  # tokens per round: accepted draft tokens + the bonus token (1.0 for AR)
     time_s: float
     tokens_per_s: float
+    error: str | None = None  # why the request failed (``finish_reason == "error"``); None on success
 
 
 @dataclass
@@ -30,7 +46,7 @@ class StreamEvent:
     token_ids: list[int]  # tokens new since the last event
     text: str  # text new since the last event
     finished: bool = False
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", or "error" (see result.error)
     result: GenerationResult | None = None  # set on the request's last event
 
 
@@ -44,6 +60,7 @@ class Request:
     text: str = ""  # text already sent
     finished: bool = False
     finish_reason: str | None = None
+    error: str | None = None  # set when the engine failed this request (finish_reason "error")
     rounds: int = 0
     round_tokens: int = 0
     start: float = field(default_factory=time.perf_counter)
@@ -88,6 +105,15 @@ class Request:
         result = self.result() if self.finished else None
         return StreamEvent(self.index, added, delta, self.finished, self.finish_reason, result)
 
+    def fail(self, message: str) -> StreamEvent:
+        """Finish with ``finish_reason == "error"``; the last event carries ``message``. Text not yet sent
+        (held back for a stop string or an incomplete character) is dropped: nothing after the failure is
+        trusted."""
+        self.error = message
+        # Even over a finish already recorded: a failure in the step that finished it voids that finish.
+        self.finished, self.finish_reason, self.end = True, "error", time.perf_counter()
+        return StreamEvent(self.index, [], "", True, "error", self.result())
+
     def _finish(self, reason: str) -> None:
         if not self.finished:
             self.finished, self.finish_reason, self.end = True, reason, time.perf_counter()
@@ -103,4 +129,5 @@ class Request:
             mean_accepted=self.round_tokens / self.rounds if self.rounds else 0.0,
             time_s=elapsed,
             tokens_per_s=len(self.ids) / elapsed if elapsed > 0 else 0.0,
+            error=self.error,
         )

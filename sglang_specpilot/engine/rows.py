@@ -18,25 +18,42 @@ runs one extra round; its writes land past its length (the cache's scratch slots
 tokens are dropped. Greedy rounds replay a CUDA graph per bucket (``round.CapturedRound``); sampled rounds
 and prompt-lookup trees run the same ``Round.run`` eagerly.
 
+Failures are per row. Each request's own work at admission (its sampling parameters turned into tensors,
+its seed, its prompt written into ``history``) runs alone, so a request that breaks there fails by itself;
+if the shared prefill still fails, its requests are prefilled again one at a time, in the rows they were
+given. A round's result carries a per-row flag, computed on the device, for target logits that hold a NaN
+or inf (a corrupt checkpoint, say): that row fails with a clear error instead of emitting what its argmax
+made of them, its K/V is cleared before the row is reused, and the other rows go on. A failed request
+ends with ``finish_reason == "error"`` (``Request.fail``).
+
 Not thread-safe: one thread (the caller of ``generate``, or the server's scheduler) drives it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import logging
+from dataclasses import dataclass
 
 import torch
 
 from .request import Request, StreamEvent
-from .sampling import BatchSampling, SamplingParams, next_tokens
+from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
+
+log = logging.getLogger("specpilot.engine")
 
 _IDLE = SamplingParams()  # sampling parameters of a free row (greedy: costs no sampling work)
+
+NONFINITE = (
+    "the model produced non-finite logits (NaN or inf) for this request; its output cannot be trusted. "
+    "The checkpoint may be corrupt (GGUF files carry no checksum: compare it with its source) or its "
+    "values overflow in this dtype"
+)
 
 
 @dataclass
 class _Inflight:
     rows: list[Request | None]  # row -> request when the round was launched
-    host: torch.Tensor  # [b, D + 2] (pinned on CUDA)
+    host: torch.Tensor  # [b, D + 3] (pinned on CUDA): a copy of ``state.out``
     done: torch.cuda.Event | None
 
 
@@ -58,7 +75,7 @@ class RowBatch:
         self._bs: dict[int, BatchSampling] = {}
         self._inflight: _Inflight | None = None
         # Two pinned host buffers, used in turn: pinned allocation per round costs more than a round.
-        width = engine.round.shape.depth + 2
+        width = self.state.out.shape[1]
         self._pinned = (
             [torch.empty((B, width), dtype=torch.long, pin_memory=True) for _ in range(2)] if dev.type == "cuda" else []
         )
@@ -95,11 +112,16 @@ class RowBatch:
         if b not in self._bs:
             params = [r.params if r is not None else _IDLE for r in self.rows[:b]]
             params += [_IDLE] * (b - len(params))
-            self._bs[b] = replace(BatchSampling.from_params(params, self.engine.device), generator=self.generator)
+            self._bs[b] = BatchSampling.from_params(params, self.engine.device, self.generator)
         return self._bs[b]
 
-    def release(self, row: int) -> Request | None:
-        """Free ``row`` (finished, cancelled or failed); its KV is simply overwritten by the next owner."""
+    def release(self, row: int, clear_kv: bool = False) -> Request | None:
+        """Free ``row`` (finished, cancelled or failed); its KV is simply overwritten by the next owner, or
+        zeroed first with ``clear_kv`` (non-finite values: see ``KVCache.clear_row``)."""
+        if clear_kv:
+            for runner in (self.engine.target_runner, self.engine.draft_runner):
+                if runner is not None:
+                    runner.kv.clear_row(row)
         req, self.rows[row] = self.rows[row], None
         self.state.seq_len[row] = 1
         self.state.in_use[row] = False
@@ -112,22 +134,62 @@ class RowBatch:
     def admit(self, reqs: list[Request]) -> list[StreamEvent]:
         """Prefill ``reqs`` into free rows (all in one prefill) and return their first-token events.
 
-        Each request's ``index`` becomes its row. Raises ``ValueError`` when there are too few free rows.
+        Each request's ``index`` becomes its row, the lowest free rows in order. Raises ``ValueError`` when
+        there are too few free rows. A request that fails is not raised: its event is its last, with
+        ``finish_reason == "error"``, and the others are admitted as if it had not come.
         """
         free = self.free_rows
         if len(reqs) > len(free):
             raise ValueError(f"{len(reqs)} requests but only {len(free)} free rows")
-        if not reqs:
-            return []
-        st, dev = self.state, self.engine.device
+        events, placed = [], []
         for req, row in zip(reqs, free, strict=False):
             req.index = row
             self.rows[row] = req
-            st.history[row].zero_()  # drafts read past the length; keep them independent of the last owner
-            st.history[row, : len(req.prompt)] = torch.tensor(req.prompt, device=dev)
-            if req.params.seed is not None:
-                self.generator.manual_seed(req.params.seed)
+            try:
+                self._place(req)
+            except Exception as e:  # this request's own work: it fails alone
+                events += self._fail(req, f"the engine could not admit the request: {type(e).__name__}: {e}")
+            else:
+                placed.append(req)
         self._bs.clear()
+        if self.active:  # a running row whose parameters broke since its admission fails, not the newcomers
+            events += self._sampling_failures()
+        return events + self._prefill([r for r in placed if self.rows[r.index] is r])
+
+    def _place(self, req: Request) -> None:
+        """The work of one request alone, before the shared prefill: anything here that raises, raises for
+        this request only (``SamplingParams`` refuses such values, but params can be changed after that)."""
+        st, dev = self.state, self.engine.device
+        BatchSampling.from_params([req.params], "cpu", self.generator)  # this row's part of the batch's tensors
+        st.history[req.index].zero_()  # drafts read past the length; keep them independent of the last owner
+        st.history[req.index, : len(req.prompt)] = torch.tensor(req.prompt, device=dev)
+        if req.params.seed is not None:
+            self.generator.manual_seed(req.params.seed)
+
+    def _prefill(self, reqs: list[Request]) -> list[StreamEvent]:
+        """Prefill placed requests together; if that fails, each again alone, so only what fails alone fails."""
+        if not reqs:
+            return []
+        try:
+            return self._prefill_rows(reqs)
+        except Exception as e:
+            if len(reqs) == 1:
+                return self._fail(reqs[0], f"the prefill failed: {type(e).__name__}: {e}")
+            log.warning(
+                "a prefill of %d requests failed (%s: %s); prefilling them one at a time",
+                len(reqs),
+                type(e).__name__,
+                e,
+            )
+            events = []
+            for req in reqs:
+                if req.params.seed is not None:  # the failed attempt may have drawn from the generator
+                    self.generator.manual_seed(req.params.seed)
+                events += self._prefill([req])
+            return events
+
+    def _prefill_rows(self, reqs: list[Request]) -> list[StreamEvent]:
+        st, dev = self.state, self.engine.device
         hi = self._hi()
         lens = [0] * hi
         for req in reqs:
@@ -135,12 +197,19 @@ class RowBatch:
         last = self.engine.prefill_rows(st.history[:hi], lens)
         first = next_tokens(last, self._sampling(hi))
         rows = torch.tensor([r.index for r in reqs], device=dev)
-        st.next_tok[rows] = first[rows]
-        st.seq_len[rows] = torch.tensor([len(r.prompt) for r in reqs], device=dev)
-        st.in_use[rows] = True
-        first_host = first[rows].tolist()
+        # The first tokens and their non-finite flags come back in one read (the prefill's one sync).
+        first_host = torch.stack([first[rows], nonfinite_rows(last[rows]).long()], 1).tolist()
+        ok = [req for req, (_, bad) in zip(reqs, first_host, strict=True) if not bad]
+        if ok:
+            live = torch.tensor([r.index for r in ok], device=dev)
+            st.next_tok[live] = first[live]
+            st.seq_len[live] = torch.tensor([len(r.prompt) for r in ok], device=dev)
+            st.in_use[live] = True
         events = []
-        for req, tok in zip(reqs, first_host, strict=True):
+        for req, (tok, bad) in zip(reqs, first_host, strict=True):
+            if bad:
+                events += self._fail(req, NONFINITE, clear_kv=True)
+                continue
             self.host_len[req.index] = len(req.prompt)
             events += self._emit(req, [tok], count_round=False)
         return events
@@ -152,12 +221,31 @@ class RowBatch:
         Without lookahead (CPU) the round just launched is read back at once. Finished rows are released
         before this returns.
         """
+        failed = self._sampling_failures() if self.active else []
         launched = self._launch() if self.active else None
         if not self.lookahead:
             self._inflight, launched = launched, None
         events = self._collect() if self._inflight is not None else []
         self._inflight = launched
-        return events
+        return failed + events
+
+    def _sampling_failures(self) -> list[StreamEvent]:
+        """Build the round's sampling tensors; if that raises, fail the rows whose own parameters raise
+        alone (changed since admission, say) and let the others run. A failure no single row explains is
+        the batch's and is raised."""
+        try:
+            self._sampling(self._bucket(self._hi()))
+            return []
+        except Exception:
+            events = []
+            for req in [r for r in self.rows if r is not None]:
+                try:
+                    BatchSampling.from_params([req.params], "cpu", self.generator)
+                except Exception as e:
+                    events += self._fail(req, f"the request's sampling failed: {type(e).__name__}: {e}")
+            if not events:
+                raise
+            return events
 
     def _launch(self) -> _Inflight:
         eng, st = self.engine, self.state
@@ -192,6 +280,9 @@ class RowBatch:
             k = packed[row][-1] + 1
             if k == 0:  # a co-located step drafted this row's half: nothing to emit
                 continue
+            if packed[row][-2]:  # the target's logits for this row held a NaN or inf
+                events += self._fail(req, NONFINITE, clear_kv=True)
+                continue
             self.host_len[row] += k
             self.rounds += 1
             self.round_tokens += k
@@ -202,8 +293,19 @@ class RowBatch:
         """Read back the round in flight, if any (nothing new is launched)."""
         return self._collect() if self._inflight is not None else []
 
+    def _fail(self, req: Request, message: str, clear_kv: bool = False) -> list[StreamEvent]:
+        """End ``req`` with ``finish_reason == "error"`` and free its row; the other rows go on."""
+        log.warning("request in row %d failed: %s", req.index, message)
+        ev = req.fail(message)
+        if 0 <= req.index < self.capacity and self.rows[req.index] is req:
+            self.release(req.index, clear_kv=clear_kv)
+        return [ev]
+
     def _emit(self, req: Request, ids: list[int], count_round: bool) -> list[StreamEvent]:
-        ev = req.add(ids, self.engine.tokenizer.decode, count_round=count_round)
+        try:
+            ev = req.add(ids, self.engine.tokenizer.decode, count_round=count_round)
+        except Exception as e:  # this request's own bookkeeping (decoding, stop strings): it fails alone
+            return self._fail(req, f"the request's output could not be decoded: {type(e).__name__}: {e}")
         if req.finished:
             self.release(req.index)
         return [ev] if ev is not None else []

@@ -50,10 +50,16 @@ class BatchSampling:
     generator: torch.Generator | None
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], device) -> BatchSampling:
-        seed = next((p.seed for p in params if p.seed is not None), None)
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed if seed is not None else torch.seed())
+    def from_params(
+        cls, params: list[SamplingParams], device, generator: torch.Generator | None = None
+    ) -> BatchSampling:
+        """``generator``: the one to draw from (a ``RowBatch`` keeps one for its life); None makes one,
+        seeded by the first seed in ``params`` (else at random)."""
+        gen = generator
+        if gen is None:
+            seed = next((p.seed for p in params if p.seed is not None), None)
+            gen = torch.Generator(device=device)
+            gen.manual_seed(seed if seed is not None else torch.seed())
         return cls(
             temperature=torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32),
             top_k=torch.tensor([p.top_k for p in params], device=device, dtype=torch.int64),
@@ -99,3 +105,12 @@ def next_tokens(logits: torch.Tensor, bs: BatchSampling) -> torch.Tensor:
     if bs.all_greedy:
         return logits.argmax(-1)
     return sample_from_probs(probs_from_logits(logits, bs), bs.generator)
+
+
+def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [B, ..., V] -> [B] bool: whether any of a row's logits is NaN or inf.
+
+    Tensor ops only (no host read): a round computes it on the device and returns it in its packed result,
+    which the host reads once per round anyway.
+    """
+    return ~torch.isfinite(logits).flatten(1).all(-1)

@@ -7,8 +7,9 @@ cancelled or failed request leaves its row at once, so the next round boundary c
 
 Admission is fair across jobs (one HTTP request = one job, possibly of many prompts): free rows go
 round-robin to the jobs that are waiting, oldest first, so a call with 64 prompts does not hold back the
-single prompts that arrive after it. When a prefill fails, its requests are retried one at a time, so a
-request that cannot run (a parameter the engine rejects, say) fails alone and the others are admitted.
+single prompts that arrive after it. A request the engine cannot run (parameters it cannot use, a prefill
+that fails only with it, non-finite logits) fails alone inside ``RowBatch``: its sink gets the error and
+the requests admitted with it go on.
 
 Handlers never touch the engine: they talk to this thread only through ``submit`` / ``cancel`` (a
 thread-safe queue in) and their sinks (called from this thread; the asyncio side hops back onto its
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..engine import Engine
-from ..engine.request import Request, StreamEvent
+from ..engine.request import Request, RequestFailed, StreamEvent
 from ..engine.rows import RowBatch
 from .metrics import Metrics
 
@@ -167,30 +168,14 @@ class Scheduler:
         subs = self._take_fair(n)
         self.metrics.queued(-n)
         try:
+            # RowBatch isolates failures: a request it cannot run comes back as its own "error" event.
             events = self.batch.admit([s.request for s in subs])
-        except Exception as e:  # e.g. out of memory, or a request the engine cannot run
+        except Exception as e:  # nothing one request explains (the rows, the engine): fail these
+            log.warning("admission of %d requests failed: %s: %s", len(subs), type(e).__name__, e)
             self._undo_admission(subs)
-            if len(subs) == 1:
-                log.warning("prefill failed; failing its request: %s: %s", type(e).__name__, e)
-                self.metrics.finished("error", subs[0].request)
-                self._send(subs[0], e)
-                return
-            log.warning(
-                "a prefill of %d requests failed (%s: %s); admitting them one at a time", len(subs), type(e).__name__, e
-            )
-            events = []
-            for sub in subs:  # isolate the culprit: each alone, so only a request that fails alone fails
-                try:
-                    events += self.batch.admit([sub.request])
-                except Exception as e1:
-                    self._undo_admission([sub])
-                    log.warning("prefill failed; failing its request: %s: %s", type(e1).__name__, e1)
-                    self.metrics.finished("error", sub.request)
-                    self._send(sub, e1)
-                    continue
-                self._by_row[sub.request.index] = sub
-                self.metrics.admitted(sub.request)
-            self._dispatch(events)
+            for sub in subs:
+                self.metrics.finished("error", sub.request)
+                self._send(sub, e)
             return
         for sub in subs:
             self._by_row[sub.request.index] = sub
@@ -209,6 +194,11 @@ class Scheduler:
         for ev in events:
             sub = self._by_row.get(ev.index)
             if sub is None:
+                continue
+            if ev.finish_reason == "error":  # the engine failed this request alone: its sink gets the error
+                del self._by_row[ev.index]  # RowBatch already freed the row
+                self.metrics.finished("error", sub.request)
+                self._send(sub, RequestFailed(ev.result.error))
                 continue
             self.metrics.tokens(len(ev.token_ids))
             now = time.monotonic()
