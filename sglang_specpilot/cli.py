@@ -508,12 +508,21 @@ TRAIN_DEFAULTS = {
     "shared": {"steps": 2000, "batch": 8, "lr": 3e-4},
     "eagle3": {
         "steps": 2000, "batch": 16, "lr": 3e-4, "ttt_steps": 7, "max_len": 1024, "answers": "greedy,sampled",
-        "answer_temperature": 0.8, "draft_vocab": 32000, "gen_batch": 128,
+        "answer_temperature": 0.8, "draft_vocab": 32000, "gen_batch": 128, "head": "target",
     },
 }  # fmt: skip
 TRAIN_ONLY = {
     "shared": ("layers",),
-    "eagle3": ("ttt_steps", "max_len", "answers", "answer_temperature", "draft_vocab", "gen_batch", "train_seconds"),
+    "eagle3": (
+        "ttt_steps",
+        "max_len",
+        "answers",
+        "answer_temperature",
+        "draft_vocab",
+        "gen_batch",
+        "train_seconds",
+        "head",
+    ),
 }
 
 
@@ -590,6 +599,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         max_len=args.max_len,
         draft_vocab=args.draft_vocab,
         train_seconds=args.train_seconds,
+        head=args.head,
         progress=sys.stderr.isatty(),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
@@ -711,6 +721,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--answer-temperature", type=float, help="temperature of the sampled answers (default: 0.8)")
     e.add_argument("--draft-vocab", type=int,
                    help="draft vocabulary: the most frequent tokens of the training text (default: 32000)")  # fmt: skip
+    e.add_argument("--head", choices=("target", "trained"),
+                   help="LM head over the draft vocabulary: the target's rows, frozen and not stored, or trained "
+                   "(default: target)")  # fmt: skip
     e.add_argument("--gen-batch", type=int, help="prompts the target answers at once (default: 128)")
     e.add_argument("--train-seconds", type=float,
                    help="fit --steps to this many seconds of training, timed on the first steps")  # fmt: skip

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from helpers import WordTokenizer, prompts, tiny_model
+from safetensors.torch import load_file
 
 from sglang_specpilot import cli
 from sglang_specpilot.config import EngineOptions
@@ -160,6 +161,7 @@ def test_short_training_learns_and_the_folder_drives_the_engine(tmp_path):
     assert is_eagle3(tmp_path / "d")
     draft = load_eagle3(tmp_path / "d", target)
     assert draft.d2t.numel() == 256 and draft.embed is target.embed
+    assert marker["head"] == "target" and "lm_head.weight" not in load_file(str(tmp_path / "d" / "model.safetensors"))
     tree = EngineOptions(max_seq_len=256, max_batch_size=6, device="cpu", dtype="float32", tree_budget=8,
                          tree_depth=3, tree_top_k=2)  # fmt: skip
     spec = Engine(target, WordTokenizer(), tree, draft)
@@ -198,10 +200,12 @@ def test_cli_eagle3_trains_a_loadable_drafter(capsys, tmp_path):
     rc, res = _main(
         capsys, "train-drafter", "--kind", "eagle3", "--out", str(out), "--prompts", "synthetic:3", "--steps", "3",
         "--batch", "2", "--new-tokens", "8", "--ttt-steps", "2", "--gen-batch", "3", "--max-len", "64",
-        "--model", "tiny-llama", "--synthetic", "--device", "cpu",
+        "--head", "trained", "--model", "tiny-llama", "--synthetic", "--device", "cpu",
     )  # fmt: skip
     assert rc == 0, res.err
     summary = json.loads(res.out.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["ttt_steps"] == 2 and summary["prompts"] == "synthetic:3"
     assert summary["sequences"] == 6 and summary["answers"] == ["greedy", "sampled"]
-    assert json.loads((out / "specpilot_drafter.json").read_text())["kind"] == "eagle3"
+    marker = json.loads((out / "specpilot_drafter.json").read_text())
+    assert marker["kind"] == "eagle3" and marker["head"] == "trained" and marker["training"]["head"] == "trained"
+    assert "lm_head.weight" in load_file(str(out / "model.safetensors"))  # a trained head is stored

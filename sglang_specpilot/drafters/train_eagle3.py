@@ -29,10 +29,11 @@ dense mask (SDPA; grouped-query heads folded into the query axis as ``models.lla
 does). The head's logits over 32k tokens are the big tensor: they are computed per step, in chunks,
 under activation checkpointing (recomputed in the backward), so only hidden states stay alive.
 
-Optimisation: AdamW on fp32 master copies of the drafter's own weights (fc, the layer, norm, lm_head; the
-embedding is the target's and stays frozen), bf16 autocast where the target runs in bf16, linear warm-up
-then cosine decay, gradient clipping. ``train_seconds`` fits the number of steps to a time budget from
-the speed of the first steps.
+Optimisation: AdamW on fp32 master copies of the drafter's own weights (fc, the layer, norm, and lm_head
+with ``head="trained"``; by default the head is the target's rows of the draft vocabulary, frozen, see
+``drafters.eagle3``; the embedding is the target's and stays frozen), bf16 autocast where the target runs
+in bf16, linear warm-up then cosine decay, gradient clipping. ``train_seconds`` fits the number of steps to
+a time budget from the speed of the first steps.
 """
 
 from __future__ import annotations
@@ -423,6 +424,7 @@ def fit_eagle3(
     eval_frac: float = 0.02,
     seed: int = 0,
     clip: float = 0.5,
+    head: str = "target",
     progress: bool = True,
     log_every: int = 50,
     log=print,
@@ -432,7 +434,8 @@ def fit_eagle3(
     ``batch``: packed rows of up to ``max_len`` tokens per optimizer step. ``warmup``: linear warm-up steps
     (default 3% of the steps, at most 100). ``train_seconds``: after ten timed steps, lower ``steps`` to
     what fits this many seconds of training (the cosine schedule then spans the new count).
-    ``eval_frac``: share of the prompts held out (with all their answers) for the final evaluation."""
+    ``eval_frac``: share of the prompts held out (with all their answers) for the final evaluation.
+    ``head``: "target" (the target's head rows, frozen and not stored) or "trained" (``init_eagle3``)."""
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
     dev = target.embed.weight.device
@@ -468,7 +471,7 @@ def fit_eagle3(
     )
 
     torch.manual_seed(seed)
-    drafter = init_eagle3(target, d2t=d2t)
+    drafter = init_eagle3(target, d2t=d2t, head=head)  # head "target": frozen, not a parameter
     params = [p for n, p in drafter.named_parameters() if not n.startswith("embed.")]
     shared = {t.data_ptr() for t in target.parameters()}
     assert not any(p.data_ptr() in shared for p in params), "a trained tensor is the target's"
@@ -558,10 +561,11 @@ def fit_eagle3(
         return [round(sum(h[key][k] for h in part) / len(part), 4) for k in range(ttt_steps)]
 
     tail = history[-max(1, len(history) // 10) :]  # the last tenth of the steps
-    head = history[: max(1, len(history) // 10)]
+    start = history[: max(1, len(history) // 10)]  # the first tenth
     summary = {
         **data,
         "ttt_steps": ttt_steps,
+        "head": head,
         "steps": len(history),
         "batch_rows": batch,
         "max_len": max_len,
@@ -570,7 +574,7 @@ def fit_eagle3(
         "seed": seed,
         "first_loss": round(history[0]["loss"], 4),
         "last_loss": round(sum(h["loss"] for h in tail) / len(tail), 4),
-        "first_acc": mean_of(head, "acc"),
+        "first_acc": mean_of(start, "acc"),
         "last_acc": mean_of(tail, "acc"),
         "train_seconds": round(train_s, 1),
         "tokens_per_s": round(len(history) * batch * max_len * data["row_fill"] / max(train_s, 1e-9)),
