@@ -9,7 +9,8 @@ labelled ``"SmolLM2-135M lifted to Llama-3.1-8B shapes (stand-in, timing)"`` in 
 lifts any small Llama model of at most 16 layers (e.g. the shipped 2-layer SmolLM2 drafter, with the
 target's embedding and head) into Llama-3.2-1B's shapes, a drafter with a realistic cost. ``"tiny"``
 (Llama-3.1-8B's heads: 32/8 of 128, untied) and ``"tiny-1b"`` (Llama-3.2-1B's heads: 32/8 of 64, tied)
-keep those geometries with hidden 640, intermediate 1600 and vocab 50000, for CPU tests.
+keep those geometries with hidden 640, intermediate 1600 and vocab 50000, for CPU tests. An EAGLE-3
+drafter of the small model lifts along with it (``models.lift_eagle3``: same drafts, the 8B drafter's cost).
 
 Notation: the small model has hidden ``h`` (576), head size ``d`` (64), ``n_q`` / ``n_kv`` heads (9 / 3,
 group ``g = 3``), intermediate ``i`` (1536), vocab ``v`` (49152), ``L`` layers (30); the big one ``H``
@@ -308,11 +309,15 @@ def _row_std(w: torch.Tensor) -> torch.Tensor:
     return torch.where(std > 0, std, _std(w).clamp_min(1e-3))
 
 
-def _widen(small: torch.Tensor, K: int, rnd: _Draw, key: str) -> torch.Tensor:
-    """Rows of ``small`` [n, k] as rows of K columns: its values in columns 0..k-1 (the live dims), random
-    normal at the row's scale in the others (columns whose input is always ~0)."""
+def _widen(small: torch.Tensor, K: int, rnd: _Draw, key: str, cols: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of ``small`` [n, k] as rows of K columns: its values in columns 0..k-1 (the live dims; or in
+    ``cols``, k column indices), random normal at the row's scale in the others (columns whose input is
+    always ~0)."""
     out = rnd.normal((small.shape[0], K), key, _row_std(small))
-    out[:, : small.shape[1]] = small.float()
+    if cols is None:
+        out[:, : small.shape[1]] = small.float()
+    else:
+        out[:, cols] = small.float()
     return out
 
 
@@ -346,60 +351,74 @@ class _Lifter:
         H, key = p.H, f"layers.{n}."
         extra = n >= s.num_layers
         src = f"model.layers.{min(n, s.num_layers - 1)}."
-        q_s, k_s, v_s, o_s = (self.w(src + f"self_attn.{x}_proj.weight") for x in "qkvo")
-        gate_s, up_s, down_s = (self.w(src + f"mlp.{x}_proj.weight") for x in ("gate", "up", "down"))
+        small = {x: self.w(src + f"self_attn.{x}_proj.weight") for x in "qkvo"}
+        small |= {x: self.w(src + f"mlp.{x}_proj.weight") for x in ("gate", "up", "down")}
         qn, kvn = b.num_heads * b.head_dim, b.num_kv_heads * b.head_dim
-        sq, sk, sv, sg, su = (float(_std(x)) for x in (q_s, k_s, v_s, gate_s, up_s))
-        out: dict[str, torch.Tensor] = {}
         pre = f"model.layers.{n}."
         if extra:  # near-identity block: random readers, tiny writers
-            out[pre + "self_attn.q_proj.weight"] = rnd.normal((qn, H), key + "q", sq)
-            out[pre + "self_attn.k_proj.weight"] = rnd.normal((kvn, H), key + "k", sk)
-            out[pre + "self_attn.v_proj.weight"] = rnd.normal((kvn, H), key + "v", sv)
-            out[pre + "self_attn.o_proj.weight"] = rnd.tiny((H, qn), key + "o")
-            out[pre + "mlp.gate_proj.weight"] = rnd.normal((b.intermediate_size, H), key + "gate", sg)
-            out[pre + "mlp.up_proj.weight"] = rnd.normal((b.intermediate_size, H), key + "up", su)
-            out[pre + "mlp.down_proj.weight"] = rnd.tiny((H, b.intermediate_size), key + "down")
-        else:
-            q = rnd.tiny((qn, H), key + "q")  # dead dims of live heads
-            small_q = [_widen(q_s[self.small_rows(i)], H, rnd, key + f"q{i}") * p.q_scale for i in range(s.num_heads)]
-            for bh, sh in enumerate(p.q_src):
-                if sh < 0:
-                    q[bh * b.head_dim : (bh + 1) * b.head_dim] = rnd.normal((b.head_dim, H), key + f"qd{bh}", sq)
-                else:
-                    q[self.head_rows(bh)] = small_q[sh]  # copies are identical
-            k = rnd.normal((kvn, H), key + "k", sk)
-            v = rnd.tiny((kvn, H), key + "v")
-            for h in range(s.num_kv_heads):
-                k[self.head_rows(h)] = _widen(k_s[self.small_rows(h)], H, rnd, key + f"k{h}")
-                v[self.head_rows(h)] = _widen(v_s[self.small_rows(h)], H, rnd, key + f"v{h}")
-            o = rnd.tiny((H, qn), key + "o")
-            o_live = rnd.normal((s.hidden_size, qn), key + "ol", _row_std(o_s))
-            for bh, sh in enumerate(p.q_src):
-                if sh >= 0:
-                    o_live[:, self.head_rows(bh)] = o_s[:, self.small_rows(sh)] / p.q_div[bh]
-            o[: s.hidden_size] = o_live
-            I_s = s.intermediate_size
-            gate = rnd.normal((b.intermediate_size, H), key + "gate", sg)
-            gate[:I_s] = _widen(gate_s, H, rnd, key + "gl")
-            up = rnd.tiny((b.intermediate_size, H), key + "up")
-            up[:I_s] = _widen(up_s, H, rnd, key + "ul")
-            down = rnd.tiny((H, b.intermediate_size), key + "down")
-            down[: s.hidden_size] = _widen(down_s, b.intermediate_size, rnd, key + "dl")
-            out |= {
-                pre + "self_attn.q_proj.weight": q,
-                pre + "self_attn.k_proj.weight": k,
-                pre + "self_attn.v_proj.weight": v,
-                pre + "self_attn.o_proj.weight": o,
-                pre + "mlp.gate_proj.weight": gate,
-                pre + "mlp.up_proj.weight": up,
-                pre + "mlp.down_proj.weight": down,
+            sq, sk, sv, sg, su = (float(_std(small[x])) for x in ("q", "k", "v", "gate", "up"))
+            big = {
+                "q": rnd.normal((qn, H), key + "q", sq),
+                "k": rnd.normal((kvn, H), key + "k", sk),
+                "v": rnd.normal((kvn, H), key + "v", sv),
+                "o": rnd.tiny((H, qn), key + "o"),
+                "gate": rnd.normal((b.intermediate_size, H), key + "gate", sg),
+                "up": rnd.normal((b.intermediate_size, H), key + "up", su),
+                "down": rnd.tiny((H, b.intermediate_size), key + "down"),
             }
+        else:
+            big = self.block(small, key)
+        out = {pre + f"self_attn.{x}_proj.weight": big[x] for x in "qkvo"}
+        out |= {pre + f"mlp.{x}_proj.weight": big[x] for x in ("gate", "up", "down")}
         out[pre + "input_layernorm.weight"] = self.norm(self.w(src + "input_layernorm.weight"), key + "n1")
         out[pre + "post_attention_layernorm.weight"] = self.norm(
             self.w(src + "post_attention_layernorm.weight"), key + "n2"
         )
         return out
+
+    def block(
+        self, small: dict[str, torch.Tensor], key: str, width: int | None = None, cols: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """A lifted SmolLM2 block's projections (keys q, k, v, o, gate, up, down) from the small ones.
+
+        q/k/v read ``width`` inputs (default H) with the small model's input columns at ``cols`` (default
+        the live dims 0..h-1); an EAGLE-3 layer's q/k/v read cat(embedding, feature), 2H wide, so its
+        live columns are two blocks (``models.lift_eagle3``). Everything else is the module docstring's.
+        """
+        p, s, b, rnd = self.p, self.p.small, self.p.big, self.rnd
+        H = p.H
+        W = H if width is None else width
+        q_s, k_s, v_s, o_s = (small[x] for x in "qkvo")
+        gate_s, up_s, down_s = small["gate"], small["up"], small["down"]
+        qn, kvn = b.num_heads * b.head_dim, b.num_kv_heads * b.head_dim
+        sq, sk = (float(_std(x)) for x in (q_s, k_s))
+        sg = float(_std(gate_s))
+        q = rnd.tiny((qn, W), key + "q")  # dead dims of live heads
+        small_q = [_widen(q_s[self.small_rows(i)], W, rnd, key + f"q{i}", cols) * p.q_scale for i in range(s.num_heads)]
+        for bh, sh in enumerate(p.q_src):
+            if sh < 0:
+                q[bh * b.head_dim : (bh + 1) * b.head_dim] = rnd.normal((b.head_dim, W), key + f"qd{bh}", sq)
+            else:
+                q[self.head_rows(bh)] = small_q[sh]  # copies are identical
+        k = rnd.normal((kvn, W), key + "k", sk)
+        v = rnd.tiny((kvn, W), key + "v")
+        for h in range(s.num_kv_heads):
+            k[self.head_rows(h)] = _widen(k_s[self.small_rows(h)], W, rnd, key + f"k{h}", cols)
+            v[self.head_rows(h)] = _widen(v_s[self.small_rows(h)], W, rnd, key + f"v{h}", cols)
+        o = rnd.tiny((H, qn), key + "o")
+        o_live = rnd.normal((s.hidden_size, qn), key + "ol", _row_std(o_s))
+        for bh, sh in enumerate(p.q_src):
+            if sh >= 0:
+                o_live[:, self.head_rows(bh)] = o_s[:, self.small_rows(sh)] / p.q_div[bh]
+        o[: s.hidden_size] = o_live
+        I_s = s.intermediate_size
+        gate = rnd.normal((b.intermediate_size, H), key + "gate", sg)
+        gate[:I_s] = _widen(gate_s, H, rnd, key + "gl")
+        up = rnd.tiny((b.intermediate_size, H), key + "up")
+        up[:I_s] = _widen(up_s, H, rnd, key + "ul")
+        down = rnd.tiny((H, b.intermediate_size), key + "down")
+        down[: s.hidden_size] = _widen(down_s, b.intermediate_size, rnd, key + "dl")
+        return {"q": q, "k": k, "v": v, "o": o, "gate": gate, "up": up, "down": down}
 
     def embedding(self) -> torch.Tensor:
         p, s, b = self.p, self.p.small, self.p.big
