@@ -54,6 +54,7 @@ FLAG_NAMES = {
     "temperature": "--temperature",
     "top_p": "--top-p",
     "top_k": "--top-k",
+    "seed": "--seed",
     "draft_weights": "--draft-weights",
     "prefill_chunk": "--prefill-chunk",
     "max_body_bytes": "--max-body-bytes",

@@ -66,6 +66,8 @@ def test_arguments_are_checked_before_loading_and_name_flags(capsys, monkeypatch
         (["--temperature", "-1"], "--temperature"),
         (["--top-p", "0"], "--top-p"),
         (["--top-k", "-2"], "--top-k"),
+        (["--top-k", str(2**63)], "--top-k must be an integer in 0..2**63-1"),
+        (["--seed", str(2**64), "--temperature", "0.7"], "--seed must be an integer in 0..2**63-1"),
         (["--max-seq-len", "4"], "--max-seq-len"),
         (["--tree-budget", "300"], "--tree-budget"),
         (["--tree-depth", "3", "--tree-top-k", "1", "--tree-budget", "9"], "--tree-top-k"),

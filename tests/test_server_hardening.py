@@ -14,7 +14,7 @@ import pytest
 from helpers import engine, prompts, tiny_model
 from live_server import MODEL
 
-from sglang_specpilot.engine import SamplingParams
+from sglang_specpilot.engine import RequestFailed, SamplingParams
 from sglang_specpilot.server.limits import RateLimitFilter
 from sglang_specpilot.server.scheduler import Scheduler
 
@@ -44,16 +44,22 @@ class Collector:
     ids=["seed-2^64", "top_k-2^63"],
 )
 def test_poisoned_request_fails_alone_in_a_shared_prefill(poison):
-    # The engine raises inside the prefill for these (manual_seed, an int64 overflow); bypassing the
-    # protocol checks on purpose, the scheduler must isolate the request so the 3 admitted with it run.
+    # The engine raises inside admission for these (manual_seed, an int64 overflow). The protocol layer and
+    # SamplingParams both refuse them, so the test bypasses both on purpose (the values are set after
+    # SamplingParams is built): the engine must still isolate the request so the 3 admitted with it run.
     target = tiny_model("tiny-llama")
     eng = engine(target, target.truncated(2), gamma=3, max_batch=4)
     ps = prompts([5, 9, 4, 7], target.cfg.vocab_size, seed=3)
     good = SamplingParams(max_new_tokens=6, ignore_eos=True)
     alone = [eng.generate([p], good)[0].token_ids for p in ps[1:]]
+    with pytest.raises(ValueError):
+        SamplingParams(max_new_tokens=6, **poison)  # what a client could not get past
+    bad = SamplingParams(max_new_tokens=6)
+    for k, v in poison.items():
+        setattr(bad, k, v)
     sched = Scheduler(eng, idle_wait_s=0.05)
     sinks = [Collector() for _ in ps]
-    sched.submit(eng.new_request(ps[0], SamplingParams(max_new_tokens=6, **poison)), sinks[0])
+    sched.submit(eng.new_request(ps[0], bad), sinks[0])
     for p, s in zip(ps[1:], sinks[1:], strict=True):  # queued before the thread starts: one shared prefill
         sched.submit(eng.new_request(p, good), s)
     sched.start()
@@ -61,7 +67,8 @@ def test_poisoned_request_fails_alone_in_a_shared_prefill(poison):
         assert all(s.done.wait(60) for s in sinks)
     finally:
         sched.stop()
-    assert len(sinks[0].items) == 1 and isinstance(sinks[0].items[0], Exception)
+    assert len(sinks[0].items) == 1 and isinstance(sinks[0].items[0], RequestFailed)
+    assert "Overflow" in str(sinks[0].items[0])  # the engine's own failure, not a refusal
     assert [s.ids() for s in sinks[1:]] == alone
     assert sched.metrics.requests["error"] == 1 and sched.metrics.requests["length"] == 3
     assert sched.batch.free_rows == [0, 1, 2, 3]

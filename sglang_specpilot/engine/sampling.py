@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+# Temperatures below this are greedy (as the server and ``generate`` treat them, and vLLM): logits / 1e-40
+# overflow float32 to inf and the probabilities to NaN.
+GREEDY_BELOW = 1e-5
+MAX_SEED = 2**63 - 1  # OpenAI's int64 seed; torch.Generator.manual_seed itself raises above 2**64 - 1
 
 
 @dataclass
@@ -24,18 +30,29 @@ class SamplingParams:
             self.stop = [self.stop]
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        # Ranges are checked here, where the request is made: a value that fails inside the engine (a seed
+        # manual_seed cannot take, a top_k that overflows int64) would fail the prefill it was admitted in.
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if 0 < t < GREEDY_BELOW:
+            self.temperature = 0.0
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= 2**63 - 1:
+            raise ValueError(f"top_k must be an integer in 0..2**63-1 (0 disables it), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer in 0..2**63-1, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass
