@@ -40,4 +40,4 @@ lint:
 	ruff check . && ruff format --check .
 
 results:
-	$(PY) -m sglang_specpilot.harness.report --readme README.md --results benchmarks/results
+	$(PY) -m sglang_specpilot.harness.report --readme README.md --tables benchmarks/README.md --results benchmarks/results

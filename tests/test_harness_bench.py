@@ -1,8 +1,10 @@
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
-from sglang_specpilot.harness import bench, report
+from sglang_specpilot.harness import bench, headline, report
 from sglang_specpilot.harness.bench import gpu_slug, main, register_suite, run_suite
 
 SCHEMA = {"suite", "commit", "dirty", "date", "gpu", "versions", "command", "peaks", "metrics", "rows"}
@@ -81,10 +83,13 @@ def test_gpu_slug(name, slug):
     assert gpu_slug(name) == slug
 
 
-README = "# SpecPilot\n\nIntro.\n\n## Results\n\n<!-- results:begin -->\nold text\n<!-- results:end -->\n\nTail.\n"
+TABLES = "# Benchmarks\n\nIntro.\n\n## Results\n\n<!-- results:begin -->\nold text\n<!-- results:end -->\n\nTail.\n"
+README = "# SpecPilot\n\n## Headline results\n\n<!-- headline:begin -->\nold\n<!-- headline:end -->\n\nMore.\n"
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "benchmarks" / "results"
 
 
-def test_readme_regeneration_is_idempotent(tmp_path, selftest_file):
+def test_tables_regeneration_is_idempotent(tmp_path, selftest_file):
     results = selftest_file.parent
     (results / "w12_gemm_h200.json").write_text(
         json.dumps(
@@ -102,35 +107,83 @@ def test_readme_regeneration_is_idempotent(tmp_path, selftest_file):
             }
         )
     )
-    readme = tmp_path / "README.md"
-    readme.write_text(README)
-    assert report.update_readme(readme, results) is True
-    first = readme.read_text()
-    assert report.update_readme(readme, results) is False
-    assert report.main(["--readme", str(readme), "--results", str(results)]) == 0
-    assert readme.read_text() == first
-    assert report.main(["--readme", str(readme), "--results", str(results), "--check"]) == 0
-    assert "old text" not in first and first.startswith("# SpecPilot\n") and first.endswith("\nTail.\n")
+    tables = tmp_path / "README.md"
+    tables.write_text(TABLES)
+    assert report.update_tables(tables, results) is True
+    first = tables.read_text()
+    assert report.update_tables(tables, results) is False
+    assert tables.read_text() == first
+    assert "old text" not in first and first.startswith("# Benchmarks\n") and first.endswith("\nTail.\n")
     assert "| commit | `0123456` |" in first and "| gemm_speedup_geomean_m1_llama8b | 1.312 |" in first
     assert "| tokens | 128,256 |" in first and "### w12_gemm · NVIDIA H200" in first
     assert first.index("### selftest") < first.index("### w12_gemm")
 
 
-def test_readme_without_markers_is_an_error(tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    readme.write_text("# no markers\n")
-    with pytest.raises(report.MarkersError, match="results:begin"):
-        report.update_readme(readme, tmp_path)
-    assert report.main(["--readme", str(readme), "--results", str(tmp_path)]) == 2
-    assert "results:begin" in capsys.readouterr().err
-    assert readme.read_text() == "# no markers\n"
-
-
-def test_check_flags_a_stale_readme(tmp_path):
-    readme = tmp_path / "README.md"
+def _copies(tmp_path):
+    """The committed results and fresh README / benchmarks README files with stale sections, in tmp_path."""
+    results = tmp_path / "results"
+    shutil.copytree(COMMITTED, results)
+    readme, tables = tmp_path / "README.md", tmp_path / "tables.md"
     readme.write_text(README)
-    assert report.main(["--readme", str(readme), "--results", str(tmp_path), "--check"]) == 1
+    tables.write_text(TABLES)
+    return ["--readme", str(readme), "--tables", str(tables), "--results", str(results)], readme, tables, results
+
+
+def test_results_command_writes_the_headline_and_the_tables(tmp_path):
+    args, readme, tables, results = _copies(tmp_path)
+    assert report.main([*args, "--check"]) == 1
+    assert readme.read_text() == README and tables.read_text() == TABLES  # --check writes nothing
+    assert report.main(args) == 0
+    head, full = readme.read_text(), tables.read_text()
+    assert report.main([*args, "--check"]) == 0 and report.main(args) == 0
+    assert (readme.read_text(), tables.read_text()) == (head, full)  # the same bytes again
+    # The headline: one row per entry, each cell from its file (GPU and commit included).
+    rows = [ln for ln in head.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert len(rows) == len(headline.HEADLINES)
+    lookup = json.loads((results / "rounds_h200.json").read_text())
+    assert rows[0].startswith("| H200 | SmolLM2-135M-Instruct (real weights) | 1 |")
+    assert f"| `{lookup['commit'][:7]}` |" in rows[0] and "| 1,194 vs 803 tokens/s (1.50x) |" in rows[0]
+    assert rows[-1].startswith("| CPU |") and "| 12.04 |" in rows[-1]
+    assert "### rounds · NVIDIA H200" in full and "### w12_bits · cpu" in full and "| metric |" not in head
+    # A changed measurement changes the generated cell.
+    doc = json.loads((results / "w12_bits_cpu.json").read_text())
+    doc["metrics"]["smollm2_135m.linear.bits_per_weight"] = 12.5
+    (results / "w12_bits_cpu.json").write_text(json.dumps(doc))
+    assert report.main([*args, "--check"]) == 1 and report.main(args) == 0 and "| 12.50 |" in readme.read_text()
+
+
+def test_the_committed_readmes_are_generated_from_the_committed_results():
+    args = ["--readme", str(REPO / "README.md"), "--tables", str(REPO / "benchmarks" / "README.md")]
+    assert report.main([*args, "--results", str(COMMITTED), "--check"]) == 0, "run `make results`"
+
+
+def test_a_headline_row_without_its_file_or_metric_is_an_error(tmp_path, capsys):
+    args, readme, tables, results = _copies(tmp_path)
+    (results / "trees_h200.json").unlink()
+    assert report.main(args) == 2 and "trees_h200.json" in capsys.readouterr().err
     assert readme.read_text() == README
+    doc = json.loads((results / "rounds_h200.json").read_text())
+    del doc["metrics"]["smollm2_lookup_tok_s_bs1"]
+    (results / "rounds_h200.json").write_text(json.dumps(doc))
+    with pytest.raises(headline.HeadlineError, match="rounds_h200.json has no metric 'smollm2_lookup_tok_s_bs1'"):
+        headline.render_headline(results, headline.HEADLINES[:1])
+
+
+def test_a_file_without_markers_is_an_error(tmp_path, capsys):
+    args, readme, tables, _ = _copies(tmp_path)
+    tables.write_text("# no markers\n")
+    with pytest.raises(report.MarkersError, match="results:begin"):
+        report.update_tables(tables, tmp_path)
+    assert report.main(args) == 2
+    assert "results:begin" in capsys.readouterr().err
+    assert tables.read_text() == "# no markers\n" and readme.read_text() == README
+    tables.write_text(TABLES)
+    readme.write_text("# no headline markers\n")
+    assert report.main(args) == 2 and "headline:begin" in capsys.readouterr().err
+
+
+def test_gpu_labels():
+    assert [headline.gpu_label(g) for g in ("NVIDIA H200", "cpu", "AMD MI300X")] == ["H200", "CPU", "AMD MI300X"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,132 @@
+"""The README's headline results: a few rows, each computed from one committed results file.
+
+A row names its file, the model, the batch and what was measured, and says how the result cell reads
+from the file's metrics; the GPU and the commit come from the file itself. ``report.py`` writes the table
+between ``<!-- headline:begin -->`` and ``<!-- headline:end -->`` of the README, next to the full tables
+it writes into ``benchmarks/README.md``, so no headline number is ever typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class HeadlineError(ValueError):
+    """A headline row whose results file or metric is missing."""
+
+
+@dataclass(frozen=True)
+class Headline:
+    file: str  # a file in the results folder
+    model: str
+    batch: str
+    what: str
+    result: Callable[[dict], str]  # the file's metrics -> the result cell
+
+
+def _vs(a: float, b: float, unit: str, ratio: float, extra: str = "") -> str:
+    return f"{a:,.2f} vs {b:,.2f}{unit} ({ratio:.2f}x{extra})"
+
+
+def _tokens_vs(a: float, b: float, ratio: float, extra: str = "") -> str:
+    return f"{a:,.0f} vs {b:,.0f} tokens/s ({ratio:.2f}x{extra})"
+
+
+HEADLINES: tuple[Headline, ...] = (
+    Headline(
+        "rounds_h200.json",
+        "SmolLM2-135M-Instruct (real weights)",
+        "1",
+        "prompt-lookup chains vs AR, default options, HumanEval/100-131 chat, 128 tokens",
+        lambda m: _tokens_vs(
+            m["smollm2_lookup_tok_s_bs1"], m["smollm2_ar_tok_s_bs1"], m["smollm2_lookup_speedup_vs_ar_bs1"]
+        ),
+    ),
+    Headline(
+        "rounds_h200.json",
+        "SmolLM2-135M + the shipped drafter",
+        "1",
+        "best-first tree (32 nodes) vs AR, same run",
+        lambda m: _tokens_vs(
+            m["smollm2_tree32_tok_s_bs1"],
+            m["smollm2_ar_tok_s_bs1"],
+            m["smollm2_tree32_speedup_vs_ar_bs1"],
+            f"; {m['smollm2_tree32_mean_accepted']:.2f} tokens per round",
+        ),
+    ),
+    Headline(
+        "rounds_h200.json",
+        "Llama-3.1-8B (synthetic)",
+        "1",
+        "AR step at 1k cached tokens vs gpt-fast's, same process",
+        lambda m: _vs(
+            m["llama8b_ar_step_ms_bs1"], m["llama8b_gptfast_step_ms_bs1"], " ms", m["llama8b_ar_speedup_vs_gptfast_bs1"]
+        ),
+    ),
+    Headline(
+        "trees_h200.json",
+        "SmolLM2-135M + the shipped drafter",
+        "1",
+        "tokens per round: best-first tree (32 nodes) vs chain",
+        lambda m: _vs(m["tau_tree32"], m["tau_chain"], "", m["tau_ratio_tree32_chain"]),
+    ),
+    Headline(
+        "w12_ar_h200.json",
+        "Llama-3.1-8B, W12 weights (synthetic)",
+        "1",
+        "AR step vs BF16",
+        lambda m: _vs(m["llama8b_w12_step_ms"], m["llama8b_bf16_step_ms"], " ms", m["ar_speedup_bs1_llama8b"]),
+    ),
+    Headline(
+        "colocate_h200.json",
+        "Llama-3.1-8B / Llama-3.2-1B (synthetic)",
+        "8",
+        "co-located round vs conventional round",
+        lambda m: _vs(
+            m["round_us_two_stream_llama8b_1b"] / 1000,
+            m["round_us_conventional_llama8b_1b"] / 1000,
+            " ms",
+            m["round_speedup_llama8b_1b"],
+        ),
+    ),
+    Headline(
+        "w12_bits_cpu.json",
+        "SmolLM2-135M, W12",
+        "-",
+        "bits per weight (lossless)",
+        lambda m: f"{m['smollm2_135m.linear.bits_per_weight']:.2f}",
+    ),
+)
+
+
+def gpu_label(gpu: str) -> str:
+    """'NVIDIA H200' -> 'H200', 'cpu' -> 'CPU'."""
+    return "CPU" if gpu.lower() == "cpu" else gpu.removeprefix("NVIDIA ").strip()
+
+
+def render_headline(results_dir: Path, rows: Sequence[Headline] = HEADLINES) -> str:
+    """The headline table (markdown) from the files in ``results_dir``; raises ``HeadlineError`` for a
+    missing file or metric."""
+    lines = [
+        "| GPU | model | batch | what was measured | result | commit |",
+        "|---|---|---:|---|---|---|",
+    ]
+    docs: dict[str, dict] = {}
+    for row in rows:
+        if row.file not in docs:
+            path = results_dir / row.file
+            if not path.is_file():
+                raise HeadlineError(f"headline row {row.what!r} needs {path}, which does not exist")
+            docs[row.file] = json.loads(path.read_text())
+        doc = docs[row.file]
+        try:
+            cell = row.result(doc.get("metrics", {}))
+        except KeyError as e:
+            raise HeadlineError(f"headline row {row.what!r}: {row.file} has no metric {e.args[0]!r}") from None
+        commit = f"`{str(doc.get('commit', 'unknown'))[:7]}`" + (" (dirty)" if doc.get("dirty") else "")
+        gpu = gpu_label(str(doc.get("gpu", "?")))
+        lines.append(f"| {gpu} | {row.model} | {row.batch} | {row.what} | {cell} | {commit} |")
+    return "\n".join(lines) + "\n"
