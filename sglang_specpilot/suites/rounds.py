@@ -140,19 +140,20 @@ def _real(args, out) -> None:
     out["metrics"]["smollm2_dynamo_graphs_after_warmup"] = _dynamo_graphs() - graphs_before
 
 
-def _parked_round(eng, context: int):
-    """A callable replaying the engine's round for row 0 parked at ``context`` cached tokens: the round does
-    its full work but advances nothing (``in_use`` False), so every replay is alike. ``_unpark`` frees it."""
+def _parked_round(eng, context: int, batch: int = 1):
+    """A callable replaying the engine's round for rows ``0 .. batch-1`` (a batch bucket) parked at
+    ``context`` cached tokens: the round does its full work but advances nothing (``in_use`` False), so
+    every replay is alike. ``_unpark`` frees them."""
     from ..engine.sampling import BatchSampling, SamplingParams
 
     st = eng.state
-    st.seq_len[0], st.in_use[0] = context, False
-    bs = BatchSampling.from_params([SamplingParams()], "cuda")
-    return lambda: eng.run_round(1, bs, None)
+    st.seq_len[:batch], st.in_use[:batch] = context, False
+    bs = BatchSampling.from_params([SamplingParams()] * batch, eng.device)
+    return lambda: eng.run_round(batch, bs, None)
 
 
-def _unpark(eng) -> None:
-    eng.state.seq_len[0], eng.state.in_use[0] = 1, False
+def _unpark(eng, batch: int = 1) -> None:
+    eng.state.seq_len[:batch], eng.state.in_use[:batch] = 1, False
 
 
 def _round_ms(eng, iters: int, context: int) -> list[float]:
