@@ -36,3 +36,16 @@ def to_w12(model: Transformer) -> Transformer:
         head.weight = nn.Parameter(model.embed.weight.detach(), requires_grad=False)
     model.lm_head = W12Linear.from_linear(head)
     return model
+
+
+def w12_twin(model: Transformer) -> Transformer:
+    """A W12 copy of ``model`` that leaves ``model`` as it is: the twin's projections and LM head are W12
+    (``to_w12``), everything else (embedding, norms, rope table) is ``model``'s own tensors, shared, not
+    copied. So a BF16 model and its W12 twin cost the BF16 bytes plus the W12 bytes, and a drafter bound
+    to ``model``'s embedding (an EAGLE-3 drafter) drafts for both."""
+    import copy
+    import itertools
+
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)
+    return to_w12(twin)
