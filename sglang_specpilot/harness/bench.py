@@ -37,6 +37,7 @@ SuiteFn = Callable[[argparse.Namespace], dict]
 BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.harness.selftest_suite",
     "sglang_specpilot.suites.colocate",
+    "sglang_specpilot.suites.e2e",
     "sglang_specpilot.suites.foundation",
     "sglang_specpilot.suites.noise",
     "sglang_specpilot.suites.rounds",

@@ -1,0 +1,250 @@
+"""The e2e suite (suites/e2e.py): its pieces, and a dry run of the whole suite on the CPU with tiny models.
+
+The CPU run's timings mean nothing; what it checks is the bookkeeping a GPU run depends on: the sweep
+picks configurations, every system runs interleaved, the cost model and token forcing land in the rows,
+the metrics and the table are built, and a results file in the runner's format is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+from helpers import tiny_model
+
+from sglang_specpilot.harness.bench import run_suite
+from sglang_specpilot.harness.token_forcing import token_forcing
+from sglang_specpilot.suites.e2e_configs import (
+    batch_chunks,
+    best,
+    chain,
+    config_label,
+    config_options,
+    parse_grid,
+    parse_ints,
+    run_order,
+    tree,
+    tree_search,
+)
+from sglang_specpilot.suites.e2e_results import cell_stats, cost_model, merge_reports, readme_table, summarize
+
+V = 12
+
+
+def test_parsing_and_order():
+    assert parse_ints("3-8") == [3, 4, 5, 6, 7, 8] and parse_ints("1,4,16") == [1, 4, 16]
+    assert parse_ints("1, 3-4") == [1, 3, 4]
+    assert parse_grid("16,32,64:5,6,7:4,8") == ([16, 32, 64], [5, 6, 7], [4, 8])
+    with pytest.raises(ValueError):
+        parse_grid("16,32:5")
+    assert run_order([1, 4, 16]) == [1, 16, 4] and run_order([4, 2]) == [4, 2]
+    ps = list(range(10))
+    assert batch_chunks(ps, 8, 1) == [[i] for i in range(8)]
+    assert batch_chunks(ps, 8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert batch_chunks(ps, 8, 16) == []  # fewer prompts than the batch: no batch
+    assert batch_chunks(list(range(20)), 8, 16) == [list(range(16))]  # a batch of 16 distinct prompts
+    assert config_options(chain(5)) == {"num_speculative_tokens": 5}
+    assert config_options(tree(32, 6, 8)) == {"tree_budget": 32, "tree_depth": 6, "tree_top_k": 8}
+    assert config_label(tree(32, 6, 8)) == "tree N=32 D=6 K=8" and config_label({"kind": "ar"}) == "AR"
+
+
+def test_tree_search_coordinates_then_full():
+    # A made-up speed surface with its best at N 64, D 6, K 4; D 7 fails (as an invalid config would).
+    def speed(c):
+        return 100 - abs(c["depth"] - 6) * 10 - (c["top_k"] == 8) * 5 - {16: 8, 32: 4, 64: 0}[c["budget"]]
+
+    seen = []
+
+    def evaluate(c):
+        seen.append(c)
+        if c["depth"] == 7:
+            return {"config": c, "error": "ValueError: no"}
+        return {"config": c, "tokens_per_s": speed(c)}
+
+    grid = ([16, 32, 64], [5, 6, 7], [4, 8])
+    recs = tree_search(grid, evaluate)
+    # D at (32, K 8), then K at D 6, then N at (D 6, K 4): six distinct configs, none twice.
+    assert seen == [tree(32, 5, 8), tree(32, 6, 8), tree(32, 7, 8), tree(32, 6, 4), tree(16, 6, 4), tree(64, 6, 4)]
+    assert best(recs, "tokens_per_s")["config"] == tree(64, 6, 4)
+    seen.clear()
+    assert len(tree_search(grid, evaluate, "full")) == 18 and len(seen) == 18
+    assert best([{"error": "x"}, {"skipped": "budget"}], "tokens_per_s") is None
+
+
+def _run(wall, decode, tokens, rounds, round_tokens):
+    return {"wall_s": wall, "decode_s": decode, "tokens": tokens, "rounds": rounds, "round_tokens": round_tokens}
+
+
+def test_cell_stats_and_cost_model():
+    ar_runs = [_run(2.0, 1.9, [128, 128], [127, 127], [127, 127])]
+    ar = {**cell_stats(ar_runs, None, None, None), "runs": ar_runs}
+    assert ar["tau"] == 1.0 and ar["tokens_per_s"] == 128.0 and ar["straggler"] == 1.0
+    # Two rows: 40 and 30 rounds emitting 127 tokens each; the batch ran 40 rounds.
+    spec = [_run(0.8, 0.7, [128, 128], [40, 30], [127, 127])]
+    s = cell_stats(spec, 12.0, ar, 5.0)
+    assert s["tau"] == pytest.approx(254 / 70)
+    assert s["straggler"] == pytest.approx(80 / 70)
+    assert s["speedup_vs_ar"] == pytest.approx(2.0 / 0.8)
+    assert s["decode_speedup_vs_ar"] == pytest.approx(1.9 / 0.7)
+    assert s["c"] == pytest.approx(12.0 / 5.0)
+    assert s["predicted_speedup"] == pytest.approx((254 / 70) / (12.0 / 5.0))
+    assert s["costmodel_error"] == pytest.approx(abs(s["predicted_speedup"] / (1.9 / 0.7) - 1))
+    assert s["costmodel_error_e2e"] == pytest.approx(abs(s["predicted_speedup"] / 2.5 - 1))
+    assert s["per_batch_speedup_vs_ar"] == [pytest.approx(2.5)]
+    assert cost_model(3.0, 6.0, 4.0) == {"c": 1.5, "predicted_speedup": 2.0}
+
+
+def _cell(system, b, set_name, speedup, tau=None, err=None):
+    return {
+        "system": system,
+        "batch": b,
+        "set": set_name,
+        "tokens_per_s": 100.0 * speedup,
+        "tau": tau,
+        "speedup_vs_ar": speedup,
+        "costmodel_error": err,
+        "costmodel_error_e2e": err,
+    }
+
+
+def test_summarize_names_the_issues_metrics():
+    cells = []
+    for s, (h, m) in {"ar": (1, 1), "stock": (1.5, 1.2), "trees": (2.0, 1.8), "w12": (2.4, 1.6)}.items():
+        cells += [_cell(s, 1, "humaneval", h, 2.5, 0.01), _cell(s, 1, "mtbench", m, 2.0, 0.03)]
+    cells += [_cell("ar", 16, "humaneval", 1), _cell("trees", 16, "humaneval", 1.4, 2.2, 0.08)]
+    verdicts = {("ar", "all"): True, ("stock", "all"): True, ("trees", "all"): True, ("w12", "all"): False}
+    m = summarize(cells, verdicts)
+    trees, w12, stock = math.sqrt(2.0 * 1.8), math.sqrt(2.4 * 1.6), math.sqrt(1.5 * 1.2)
+    assert m["e2e_speedup_vs_ar_bs1"] == pytest.approx(round(max(trees, w12), 3))
+    assert m["e2e_best_is_w12_bs1"] == int(w12 > trees)
+    assert m["e2e_speedup_vs_stock_bs1"] == pytest.approx(round(max(trees, w12) / stock, 3))
+    assert m["e2e_speedup_vs_ar_bs16"] == 1.4 and "e2e_speedup_vs_stock_bs16" not in m  # no stock at 16
+    assert m["costmodel_error_max"] == 0.08
+    assert m["forcing_accepted_w12"] == 0 and m["forcing_all_accepted"] == 0 and m["forcing_accepted_trees"] == 1
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in m.values())
+
+
+def test_merge_reports_equals_one_report_over_all():
+    g = torch.Generator().manual_seed(0)
+    table = {}
+
+    def score(prompt, generated):
+        key = (tuple(prompt), tuple(generated))
+        if key not in table:
+            table[key] = torch.randn(len(generated), 7, generator=g)
+        return table[key]
+
+    gens = [([1, 2], [3, 4, 5, 6]), ([2], [0, 1, 2]), ([5, 5, 5], [6, 6])]
+    each = [token_forcing(score, [x]) for x in gens]
+    whole = token_forcing(score, gens)
+    merged = merge_reports(each)
+    for f in ("tokens", "mismatches", "rate", "rate_low", "rate_high", "large_margin", "eps"):
+        assert getattr(merged, f) == pytest.approx(getattr(whole, f)), f
+    assert [(d.sequence, d.position) for d in merged.details] == [(d.sequence, d.position) for d in whole.details]
+
+
+def test_w12_twin_shares_all_but_the_projections():
+    from sglang_specpilot.models.w12_weights import w12_twin
+
+    model = tiny_model("tiny-llama", dtype=torch.bfloat16)
+    twin = w12_twin(model)
+    assert type(model.layers[0].attn.wqkv).__name__ == "Linear"  # the original is left as it is
+    assert type(twin.layers[0].attn.wqkv).__name__ == "W12Linear" and type(twin.lm_head).__name__ == "W12Linear"
+    assert (
+        twin.embed.weight is model.embed.weight and twin.layers[1].attn_norm.weight is model.layers[1].attn_norm.weight
+    )
+    from sglang_specpilot.models.lift import sequence_logits
+
+    ids = [3, 7, 1, 9, 4]
+    assert torch.equal(sequence_logits(twin, ids), sequence_logits(model, ids))  # CPU: exact decode
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A tiny target (a safetensors folder with a synthetic tokenizer) and an EAGLE-3 drafter folder."""
+    from sglang_specpilot.drafters.eagle3 import init_eagle3, save_eagle3
+    from sglang_specpilot.models.safetensors_loader import save_safetensors_folder
+    from sglang_specpilot.models.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("e2e")
+    target = tiny_model("tiny-llama", vocab_size=V, rope_scaling=None)
+    save_safetensors_folder(root / "target", target.cfg, target.hf_state_dict(), Tokenizer.synthetic(V))
+    torch.manual_seed(0)
+    draft = init_eagle3(target, d2t=torch.tensor([0, 2, 3, 5, 7, 8, 11]))
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if not name.startswith("embed."):
+                p.add_(torch.randn_like(p) * 0.2)
+    save_eagle3(draft, root / "draft")
+    return root
+
+
+def _argv(folders, out, *extra):
+    return [
+        "--model", str(folders / "target"), "--draft", str(folders / "draft"), "--device", "cpu",
+        "--sets", "synthetic", "--tune-prompts", "synthetic:2", "--batches", "1,2", "--prompts-per-set", "2",
+        "--new-tokens", "8", "--tune-tokens", "8", "--gammas", "2-3", "--tree-grid", "4,6:2,3:2",
+        "--round-iters", "2", "--max-seq-len", "128", "--results-dir", str(out), *extra,
+    ]  # fmt: skip
+
+
+def test_dry_run_on_cpu(folders, tmp_path):
+    # bf16, so the W12 twin runs too (its CPU path decodes exactly); the real model's path (no lift).
+    path = run_suite("e2e", _argv(folders, tmp_path, "--target", "smollm2", "--dtype", "bfloat16"))
+    doc = json.loads(path.read_text())
+    assert path.name == "e2e_cpu.json" and doc["suite"] == "e2e" and doc["gpu"] == "cpu" and "partial" not in doc
+    assert not doc["errors"], doc["errors"]
+    m = doc["metrics"]
+    for name in ("e2e_speedup_vs_ar_bs1", "e2e_speedup_vs_stock_bs1", "e2e_speedup_vs_ar_bs2", "costmodel_error_max"):
+        assert name in m and m[name] > 0, name
+    assert {f"forcing_accepted_{s}" for s in ("ar", "stock", "trees", "w12")} <= set(m)
+    assert m["forcing_accepted_ar"] == 1 and m["tlv_built"] == 0
+    cells = [r for r in doc["table"] if "status" not in r]
+    assert {(c["system"], c["batch"]) for c in cells} == {
+        (s, b) for s in ("ar", "stock", "trees", "w12") for b in (1, 2)
+    }
+    assert any(r.get("status", "").startswith("not built") for r in doc["table"] if r["system"] == "tlv")
+    rows = [r for r in doc["rows"] if r["case"] == "system"]
+    for r in rows:  # raw timings behind every cell: one entry per timed batch, one per row inside it
+        assert len(r["wall_s"]) == len(r["decode_s"]) == len(r["tokens"]) == 2 // r["batch"]
+        assert all(len(t) == r["batch"] and all(n == 8 for n in t) for t in r["tokens"])
+        if r["system"] != "ar":
+            assert r["predicted_speedup"] > 0 and r["costmodel_error"] >= 0 and r["round_ms"]
+    sel = doc["selection"]
+    assert set(sel) == {"1", "2"} and sel["1"]["stock"].startswith("chain") and sel["1"]["trees"].startswith("tree")
+    assert sel["1"]["w12"] == sel["1"]["trees"] and sel["2"]["w12"] == sel["2"]["trees"]
+    tune = next(r for r in doc["rows"] if r["case"] == "tune.bs1")
+    assert len(tune["chain"]) == 2 and tune["tree"] and all("label" in t for t in tune["tree"])
+    assert {r["case"] for r in doc["rows"]} >= {"ar_step", "round_times", "forcing", "w12_twin", "tune.bs2"}
+    assert doc["model"]["lifted"] is False and doc["log"] and doc["command"].startswith("specpilot bench e2e")
+    table = readme_table(doc)
+    assert table.count("\n| ") == len(doc["table"]) + 1 and "SpecPilot trees + W12" in table
+
+
+def test_lifted_models_and_refusals(folders, tmp_path):
+    from sglang_specpilot.suites import e2e
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--results-dir", default=None)
+    e2e._args(p)
+    args = p.parse_args(_argv(folders, tmp_path, "--target", "tiny", "--lift-layers", "4", "--dtype", "float32"))
+    run = e2e._Run(args)
+    run.load()
+    info = run.out["model"]
+    assert info["lifted"] and " lifted to " in info["label"] and "stand-in" in info["label"]
+    assert run.target.cfg.hidden_size == 640 and run.drafter.fc.weight.shape == (640, 3 * 640)
+    assert run.drafter.embed is run.target.embed and run.real_vocab == V
+    assert all(0 < len(p) and max(p) < V for p in run.tune_prompts())
+    args.tune_prompts = "mtbench"
+    with pytest.raises(SystemExit, match="evaluation set"):
+        run.tune_prompts()
+    args.systems = "ar,bogus"
+    with pytest.raises(SystemExit, match="bogus"):
+        e2e._Run(args)
+    if not torch.cuda.is_available():
+        args.device = "cuda"
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            e2e.e2e(args)
