@@ -222,6 +222,10 @@ def test_dry_run_on_cpu(folders, tmp_path):
     assert doc["model"]["lifted"] is False and doc["log"] and doc["command"].startswith("specpilot bench e2e")
     table = readme_table(doc)
     assert table.count("\n| ") == len(doc["table"]) + 1 and "SpecPilot trees + W12" in table
+    from sglang_specpilot.harness.report import render_file
+
+    md = render_file(path)  # `make results`: the metrics, then the suite's own table
+    assert "| e2e_speedup_vs_ar_bs1 |" in md and md.endswith(table)
 
 
 def test_lifted_models_and_refusals(folders, tmp_path):

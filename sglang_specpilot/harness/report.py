@@ -56,8 +56,23 @@ def format_metric(value: object) -> str:
     return str(value)
 
 
+# Suites whose files get a table of their own below the metrics: suite -> "module:function(data) -> markdown".
+SUITE_TABLES = {"e2e": "sglang_specpilot.suites.e2e_results:readme_table"}
+
+
+def suite_table(data: dict) -> str | None:
+    """The suite's own table of a results file (``SUITE_TABLES``), or None."""
+    import importlib
+
+    spec = SUITE_TABLES.get(str(data.get("suite")))
+    if spec is None:
+        return None
+    module, fn = spec.split(":")
+    return getattr(importlib.import_module(module), fn)(data)
+
+
 def render_file(path: Path) -> str:
-    """One results file as a heading and a two-column table."""
+    """One results file as a heading and a two-column table (and the suite's own table, if it has one)."""
     data = json.loads(path.read_text())
     commit = f"`{str(data.get('commit', 'unknown'))[:7]}`" + (" (dirty)" if data.get("dirty") else "")
     lines = [
@@ -72,6 +87,9 @@ def render_file(path: Path) -> str:
         f"| date | {str(data.get('date', '?'))[:10]} |",
     ]
     lines += [f"| {name} | {format_metric(value)} |" for name, value in data.get("metrics", {}).items()]
+    table = suite_table(data)
+    if table:
+        lines += ["", table]
     return "\n".join(lines)
 
 
