@@ -74,6 +74,13 @@ def test_tree_search_coordinates_then_full():
     assert best([{"error": "x"}, {"skipped": "budget"}], "tokens_per_s") is None
 
 
+def test_larger_batches_try_the_batch1_choice_then_narrower_ones():
+    from sglang_specpilot.suites.e2e import _nearest_below
+
+    recs = [{"config": chain(g)} for g in (5, 4, 6, 3, 7, 8)]
+    assert [r["config"]["gamma"] for r in _nearest_below(recs, "gamma", 6)] == [6, 5, 4, 3, 7, 8]
+
+
 def _run(wall, decode, tokens, rounds, round_tokens):
     return {"wall_s": wall, "decode_s": decode, "tokens": tokens, "rounds": rounds, "round_tokens": round_tokens}
 

@@ -12,7 +12,7 @@ The model (``--target``):
 Systems, timed in one process, interleaved batch by batch with the order rotated (no system always
 first), greedy, chat template, ``--new-tokens`` (128) tokens with EOS ignored (equal work per system):
 
-  ar      default engine options, no drafter
+  ar      default engine options, no drafter (every engine is sized alike: --max-seq-len, the batches)
   stock   chain speculative decoding with the drafter, the best gamma of ``--gammas`` (3-8)
   trees   SpecPilot best-first trees, the best (N, D, K) of ``--tree-grid``
   w12     trees with W12 weights on the target (a W12 twin of the BF16 model, built on the device)
@@ -106,7 +106,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tune-tokens", type=int, default=64, help="tokens per prompt in the sweep")
     p.add_argument("--tune-budget-s", type=float, default=150.0, help="seconds for the whole sweep")
-    p.add_argument("--deadline-s", type=float, default=480.0, help="parts not started by then are skipped")
+    p.add_argument(
+        "--deadline-s", type=float, default=420.0, help="seconds into the run after which no new part starts"
+    )
     p.add_argument("--round-iters", type=int, default=20, help="replays per round timing")
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--device", default="cuda", help="cuda; cpu runs the bookkeeping on tiny models (dry run)")
@@ -576,7 +578,11 @@ class _Run:
                 eng, cfg = self.system_engine(system, b)
                 if eng is None:
                     raise RuntimeError("no configuration was selected for it (its sweep failed)")
-                self.capture(eng, b)
+                # Every bucket up to b: as rows finish, a batch drops to smaller buckets, whose first use
+                # would otherwise compile and capture inside the timing.
+                for bucket in self.batches:
+                    if bucket <= b:
+                        self.capture(eng, bucket)
                 warm = [tune_ids[i % len(tune_ids)] for i in range(b)]
                 self.generate(eng, warm, 16)  # untimed: first use of this batch's paths (and W12 configs)
                 ms = self.round_ms(eng, b, context)
@@ -601,6 +607,7 @@ class _Run:
         runs: dict[tuple[str, str], list[dict]] = {}
         timed_prompts: dict[str, list[list[int]]] = {}
         names, active = list(setup), set(setup)
+        graphs_before = _dynamo_graphs()
         for si, (set_name, prompts) in enumerate(sets.items()):
             chunks = batch_chunks(prompts, a.prompts_per_set, b)
             if not chunks:
@@ -623,6 +630,10 @@ class _Run:
                         active.discard(system)  # a system that failed once is out of this batch size
                 timed_prompts.setdefault(set_name, []).extend(batch)
                 say(f"bs{b} {set_name} {i + 1}/{len(chunks)}: " + ", ".join(line))
+        # Compiles inside the timed batches would be timed too: there should be none.
+        self.out["rows"].append(
+            {"case": "compiles_while_timed", "batch": b, "graphs": _dynamo_graphs() - graphs_before}
+        )
         try:
             self.cells_of_batch(b, setup, runs, timed_prompts, context, compare_forcing)
         except Exception as e:  # the timings are in; keep what there is
@@ -704,6 +715,9 @@ class _Run:
         self.out["forcing_all_batches"] = overall
         self.out["metrics"] = summarize(self.cells, self.verdicts)
         self.out["metrics"]["tlv_built"] = 0
+        compiles = [r["graphs"] for r in self.out["rows"] if r.get("case") == "compiles_while_timed"]
+        if compiles:
+            self.out["metrics"]["e2e_compiles_while_timed"] = sum(compiles)
         self.out["table"] = sorted(self.cells, key=lambda c: (c["batch"], SYSTEMS.index(c["system"]), c["set"]))
         self.out["table"] += [{"system": s, "status": NOT_BUILT[s]} for s in self.systems if s in NOT_BUILT]
 
@@ -781,6 +795,12 @@ class _Run:
         self.out["log"] = self.say.lines
         say(f"done: {self.out['metrics']}")
         return self.out
+
+
+def _dynamo_graphs() -> int:
+    from .rounds import _dynamo_graphs as graphs
+
+    return graphs()
 
 
 def _num(x) -> str:
