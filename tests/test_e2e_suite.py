@@ -199,10 +199,12 @@ def _argv(folders, out, *extra):
 
 
 def test_dry_run_on_cpu(folders, tmp_path):
-    # bf16, so the W12 twin runs too (its CPU path decodes exactly); the real model's path (no lift).
-    path = run_suite("e2e", _argv(folders, tmp_path, "--target", "smollm2", "--dtype", "bfloat16"))
+    # bf16, so the W12 twin runs too (its CPU path decodes exactly); the real model's path (no lift), by
+    # the suite that defaults to it and writes its own file.
+    path = run_suite("e2e_smollm2", _argv(folders, tmp_path, "--dtype", "bfloat16"))
     doc = json.loads(path.read_text())
-    assert path.name == "e2e_cpu.json" and doc["suite"] == "e2e" and doc["gpu"] == "cpu" and "partial" not in doc
+    assert path.name == "e2e_smollm2_cpu.json" and doc["suite"] == "e2e_smollm2" and doc["gpu"] == "cpu"
+    assert "partial" not in doc and doc["model"]["target"] == "smollm2"
     assert not doc["errors"], doc["errors"]
     m = doc["metrics"]
     for name in ("e2e_speedup_vs_ar_bs1", "e2e_speedup_vs_stock_bs1", "e2e_speedup_vs_ar_bs2", "costmodel_error_max"):
@@ -226,7 +228,7 @@ def test_dry_run_on_cpu(folders, tmp_path):
     tune = next(r for r in doc["rows"] if r["case"] == "tune.bs1")
     assert len(tune["chain"]) == 2 and tune["tree"] and all("label" in t for t in tune["tree"])
     assert {r["case"] for r in doc["rows"]} >= {"ar_step", "round_times", "forcing", "w12_twin", "tune.bs2"}
-    assert doc["model"]["lifted"] is False and doc["log"] and doc["command"].startswith("specpilot bench e2e")
+    assert doc["model"]["lifted"] is False and doc["log"] and doc["command"].startswith("specpilot bench e2e_smollm2")
     table = readme_table(doc)
     assert table.count("\n| ") == len(doc["table"]) + 1 and "SpecPilot trees + W12" in table
     from sglang_specpilot.harness.report import render_file
@@ -259,3 +261,22 @@ def test_lifted_models_and_refusals(folders, tmp_path):
         args.device = "cuda"
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             e2e.e2e(args)
+
+
+def test_a_failing_system_is_reported_and_the_rest_go_on(folders, tmp_path):
+    # No gamma can be built (33 > the engine's 32), so stock has no configuration: its failure is recorded
+    # at every batch and AR and the trees are measured as usual.
+    argv = _argv(folders, tmp_path, "--target", "smollm2", "--dtype", "float32", "--gammas", "33")
+    doc = json.loads(run_suite("e2e", argv).read_text())
+    stages = {(e["stage"], e.get("system")) for e in doc["errors"]}
+    assert ("tune", None) in stages and ("setup", "stock") in stages
+    assert {c["system"] for c in doc["table"] if "status" not in c} == {"ar", "trees"}
+    assert "e2e_speedup_vs_ar_bs1" in doc["metrics"] and "e2e_speedup_vs_stock_bs1" not in doc["metrics"]
+    assert any(s["part"] == "w12" for s in doc["skipped"])  # float32: no W12, said so
+
+
+def test_past_the_deadline_parts_are_skipped_and_listed(folders, tmp_path):
+    argv = _argv(folders, tmp_path, "--target", "smollm2", "--dtype", "float32", "--systems", "ar,trees")
+    doc = json.loads(run_suite("e2e", [*argv, "--deadline-s", "0"]).read_text())
+    assert [s["part"] for s in doc["skipped"]] == ["bs1", "bs2"]
+    assert not [c for c in doc["table"] if "status" not in c] and doc["metrics"] == {"tlv_built": 0}

@@ -6,7 +6,9 @@ The model (``--target``):
   EAGLE-3 drafter ``--draft`` (a folder trained for SmolLM2) lifted with it (``models.lift_eagle3``): an
   8B's cost per step, SmolLM2's text, EAGLE-3's drafts at EAGLE-3's 8B cost;
 - ``smollm2``: the real SmolLM2-135M-Instruct with the same drafter, no lift (launch-bound at batch 1:
-  a step costs ~1 ms whatever it verifies, so speculation buys less there);
+  a step costs ~1 ms whatever it verifies, so speculation buys less there). ``specpilot bench
+  e2e_smollm2`` is this suite with that default, so its file (``e2e_smollm2_<gpu>.json``) stands beside
+  the 8B's (``e2e_<gpu>.json``);
 - any other ``models.lift`` shape (``tiny``, cut with ``--lift-layers``): CPU dry runs of the bookkeeping.
 
 Systems, timed in one process, interleaved batch by batch with the order rotated (no system always
@@ -75,6 +77,7 @@ from .e2e_configs import (
     parse_grid,
     parse_ints,
     run_order,
+    tree,
     tree_search,
 )
 from .e2e_results import cell_stats, cost_model, median, merge_reports, readme_table, summarize
@@ -135,26 +138,26 @@ class _Progress:
         print(line, file=sys.stderr, flush=True)
 
 
-def _command() -> str:
+def _command(suite: str) -> str:
     argv = sys.argv
-    if "e2e" in argv:
-        return shlex.join(["specpilot", "bench", "e2e", *argv[argv.index("e2e") + 1 :]])
+    if suite in argv:
+        return shlex.join(["specpilot", "bench", suite, *argv[argv.index(suite) + 1 :]])
     return shlex.join(argv)
 
 
 class _Run:
     """State of one suite run: models, engines, the results under construction."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, suite: str = "e2e"):
         from ..harness.bench import default_run_dir, gpu_name, gpu_slug
 
-        self.args = args
+        self.args, self.suite = args, suite
         self.say = _Progress()
         self.dev = torch.device(args.device)
         self.cuda = self.dev.type == "cuda"
         if args.results_dir is None:  # the partial files and the runner's final file share one folder
-            args.results_dir = default_run_dir("e2e")
-        self.path = Path(args.results_dir) / f"e2e_{gpu_slug(gpu_name(self.dev))}.json"
+            args.results_dir = default_run_dir(suite)
+        self.path = Path(args.results_dir) / f"{suite}_{gpu_slug(gpu_name(self.dev))}.json"
         self.out: dict = {"metrics": {}, "rows": [], "errors": [], "table": [], "skipped": []}
         self.batches = sorted(set(parse_ints(args.batches)))
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -191,7 +194,8 @@ class _Run:
         from ..harness.jsonable import to_jsonable
 
         try:
-            record = {"suite": "e2e", **provenance(device=self.dev), "command": _command(), "partial": part}
+            record = {"suite": self.suite, **provenance(device=self.dev), "command": _command(self.suite)}
+            record["partial"] = part
             record |= {"peaks": self.out.get("peaks", {}), **self.out, "log": self.say.lines}
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(to_jsonable(record), indent=1) + "\n")
@@ -223,11 +227,13 @@ class _Run:
         from ..engine.engine import scratch_slots
 
         Ns, Ds, Ks = parse_grid(self.args.tree_grid)
-        widest = [EngineOptions(device="cpu", num_speculative_tokens=max(parse_ints(self.args.gammas)))]
-        for n, d, k in itertools.product(Ns, Ds, Ks):
+        configs = [config_options(chain(g)) for g in parse_ints(self.args.gammas)]
+        configs += [config_options(tree(n, d, k)) for n, d, k in itertools.product(Ns, Ds, Ks)]
+        widest = [EngineOptions(device="cpu")]
+        for c in configs:
             try:
-                widest.append(EngineOptions(device="cpu", tree_budget=n, tree_depth=d, tree_top_k=k))
-            except ValueError:
+                widest.append(EngineOptions(device="cpu", **c))
+            except ValueError:  # an impossible config fails where it is measured, and is reported there
                 pass
         return self.args.max_seq_len + max(scratch_slots(o) for o in widest)
 
@@ -831,11 +837,22 @@ def _brief(rep) -> dict:
 
 
 @register_suite("e2e", add_args=_args)
-def e2e(args: argparse.Namespace) -> dict:
+def e2e(args: argparse.Namespace, suite: str = "e2e") -> dict:
     """End to end on the lifted 8B: AR, stock chains, SpecPilot trees (+ W12) at batch 1, 4, 16."""
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("the e2e suite needs a CUDA GPU (--device cpu runs its bookkeeping on tiny models)")
-    return _Run(args).run()
+    return _Run(args, suite).run()
 
 
-__all__ = ["e2e", "readme_table"]  # readme_table: the results file as one markdown table (e2e_results)
+def _args_smollm2(p: argparse.ArgumentParser) -> None:
+    _args(p)
+    p.set_defaults(target="smollm2")
+
+
+@register_suite("e2e_smollm2", add_args=_args_smollm2)
+def e2e_smollm2(args: argparse.Namespace) -> dict:
+    """The e2e suite on the real SmolLM2-135M (no lift; its own results file): same systems, same table."""
+    return e2e(args, "e2e_smollm2")
+
+
+__all__ = ["e2e", "e2e_smollm2", "readme_table"]  # readme_table: a results file as one table (e2e_results)
