@@ -711,6 +711,12 @@ class _Run:
 
     def finish(self) -> None:
         """Metrics and table from everything measured so far (run after every part, so partial files have them)."""
+        try:
+            self._finish()
+        except Exception as e:  # the rows are in; the metrics of the last good pass stay
+            self.error("metrics", e)
+
+    def _finish(self) -> None:
         from ..harness.token_forcing import compare_forcing
 
         overall = {}
