@@ -22,8 +22,9 @@ from ..models.safetensors_loader import config_to_hf
 
 MARKER = "specpilot_drafter.json"
 WEIGHTS = "model.safetensors"
-# Shipped drafter of the embedded SmolLM2-135M-Instruct (trained by ``specpilot train-drafter``).
-DEFAULT_SMOLLM2_DRAFTER = Path(__file__).parent / "smollm2_drafter"
+# Shipped drafter of the embedded SmolLM2-135M-Instruct: an EAGLE-3 feature drafter (``drafters.eagle3``)
+# trained by ``specpilot train-drafter --kind eagle3`` on HumanEval 0-99 and the offline prompt set.
+DEFAULT_SMOLLM2_DRAFTER = Path(__file__).parent / "smollm2_eagle3"
 
 
 def default_drafter_path() -> Path | None:
