@@ -31,11 +31,14 @@ def merge(inputs: list[dict]) -> dict:
     out["command"] = " ; ".join(d["command"] for d in inputs)
     out["runs"] = [{k: d.get(k) for k in ("commit", "dirty", "date", "command")} for d in inputs]
     out["metrics"], out["rows"] = {}, []
+    # Which run measured each metric, so a table citing one metric cites that run's commit.
+    out["metric_commits"] = {}
     for d in inputs:
         clash = set(out["metrics"]) & set(d["metrics"])
         if clash:
             raise SystemExit(f"metrics measured twice: {sorted(clash)}")
         out["metrics"].update(d["metrics"])
+        out["metric_commits"].update({m: d.get("metric_commits", {}).get(m, d["commit"]) for m in d["metrics"]})
         out["rows"] += d["rows"]
     try:
         suite = importlib.import_module(f"sglang_specpilot.suites.{out['suite']}")

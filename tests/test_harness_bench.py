@@ -142,7 +142,12 @@ def test_results_command_writes_the_headline_and_the_tables(tmp_path):
     assert len(rows) == len(headline.HEADLINES)
     lookup = json.loads((results / "rounds_h200.json").read_text())
     assert rows[0].startswith("| H200 | SmolLM2-135M-Instruct (real weights) | 1 |")
-    assert f"| `{lookup['commit'][:7]}` |" in rows[0] and "| 1,194 vs 803 tokens/s (1.50x) |" in rows[0]
+    m, by = lookup["metrics"], lookup.get("metric_commits", {})
+    cell = f"| {m['smollm2_lookup_tok_s_bs1']:,.0f} vs {m['smollm2_ar_tok_s_bs1']:,.0f} tokens/s "
+    cell += f"({m['smollm2_lookup_speedup_vs_ar_bs1']:.2f}x) |"
+    # The commit of the run that measured the row's metrics (a merged file holds several runs).
+    commit = str(by.get("smollm2_lookup_tok_s_bs1", lookup["commit"]))[:7]
+    assert f"| `{commit}` |" in rows[0] and cell in rows[0]
     assert rows[-1].startswith("| CPU |") and "| 12.04 |" in rows[-1]
     assert "### rounds · NVIDIA H200" in full and "### w12_bits · cpu" in full and "| metric |" not in head
     # A changed measurement changes the generated cell.
@@ -159,8 +164,8 @@ def test_the_committed_readmes_are_generated_from_the_committed_results():
 
 def test_a_headline_row_without_its_file_or_metric_is_an_error(tmp_path, capsys):
     args, readme, tables, results = _copies(tmp_path)
-    (results / "trees_h200.json").unlink()
-    assert report.main(args) == 2 and "trees_h200.json" in capsys.readouterr().err
+    (results / "eagle3_tau_h200.json").unlink()
+    assert report.main(args) == 2 and "eagle3_tau_h200.json" in capsys.readouterr().err
     assert readme.read_text() == README
     doc = json.loads((results / "rounds_h200.json").read_text())
     del doc["metrics"]["smollm2_lookup_tok_s_bs1"]

@@ -67,11 +67,11 @@ HEADLINES: tuple[Headline, ...] = (
         ),
     ),
     Headline(
-        "trees_h200.json",
-        "SmolLM2-135M + the shipped drafter",
+        "eagle3_tau_h200.json",
+        "SmolLM2-135M + the shipped EAGLE-3 drafter",
         "1",
-        "tokens per round: best-first tree (32 nodes) vs chain",
-        lambda m: _vs(m["tau_tree32"], m["tau_chain"], "", m["tau_ratio_tree32_chain"]),
+        "tokens per round on MT-Bench turn 1 (never trained on): tree (32 nodes, depth 6) vs chain (6)",
+        lambda m: _vs(m["tau_tree32_mtbench"], m["tau_chain6_mtbench"], "", m["tau_ratio_tree32_chain6_mtbench"]),
     ),
     Headline(
         "w12_ar_h200.json",
@@ -102,6 +102,18 @@ HEADLINES: tuple[Headline, ...] = (
 )
 
 
+class _Reads(dict):
+    """A metrics dict that remembers which keys a row's result read."""
+
+    def __init__(self, metrics: dict):
+        super().__init__(metrics)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
 def gpu_label(gpu: str) -> str:
     """'NVIDIA H200' -> 'H200', 'cpu' -> 'CPU'."""
     return "CPU" if gpu.lower() == "cpu" else gpu.removeprefix("NVIDIA ").strip()
@@ -122,11 +134,16 @@ def render_headline(results_dir: Path, rows: Sequence[Headline] = HEADLINES) -> 
                 raise HeadlineError(f"headline row {row.what!r} needs {path}, which does not exist")
             docs[row.file] = json.loads(path.read_text())
         doc = docs[row.file]
+        metrics = _Reads(doc.get("metrics", {}))
         try:
-            cell = row.result(doc.get("metrics", {}))
+            cell = row.result(metrics)
         except KeyError as e:
             raise HeadlineError(f"headline row {row.what!r}: {row.file} has no metric {e.args[0]!r}") from None
-        commit = f"`{str(doc.get('commit', 'unknown'))[:7]}`" + (" (dirty)" if doc.get("dirty") else "")
+        # A merged file (benchmarks/merge_results.py) says which run measured each metric.
+        by_metric = doc.get("metric_commits", {})
+        commits = sorted({str(by_metric[m])[:7] for m in metrics.read if m in by_metric})
+        commits = commits or [str(doc.get("commit", "unknown"))[:7]]
+        commit = ", ".join(f"`{c}`" for c in commits) + (" (dirty)" if doc.get("dirty") else "")
         gpu = gpu_label(str(doc.get("gpu", "?")))
         lines.append(f"| {gpu} | {row.model} | {row.batch} | {row.what} | {cell} | {commit} |")
     return "\n".join(lines) + "\n"
