@@ -318,6 +318,16 @@ class Engine:
             if not batch.active:
                 batch.drain()
 
+    def _prefill_chunks(self, lens_t: torch.Tensor, total: int):
+        """Per prefill chunk: (start, real tokens n, padded width, seq_len [B], anc, depth). Rows whose prompt
+        ended before the chunk get seq_len max_seq_len: they write into the cache's scratch slots."""
+        chunk = self.options.prefill_chunk
+        for start in range(0, total, chunk):
+            n = min(chunk, total - start)
+            width = prefill_width(n, chunk)
+            seq = torch.where(lens_t > start, torch.full_like(lens_t, start), self.options.max_seq_len)
+            yield (start, n, width, seq, *causal_tree(width, self.device))
+
     def _prefill(self, runner: ModelRunner, history: torch.Tensor, lens: list[int], want_logits: bool = True):
         """Run the prompts through ``runner`` in chunks; return each request's last-position logits [B, V].
 
@@ -325,15 +335,9 @@ class Engine:
         chunk is padded to a multiple of ``PREFILL_ALIGN`` tokens (the pad lands past the row's length,
         where nothing reads it), so prefill shapes come from a short list that ``warmup`` runs once.
         """
-        dev = self.device
-        lens_t = torch.tensor(lens, device=dev)
-        chunk = self.options.prefill_chunk
+        lens_t = torch.tensor(lens, device=self.device)
         out = None
-        for start in range(0, max(lens), chunk):
-            n = min(chunk, max(lens) - start)
-            width = prefill_width(n, chunk)
-            seq = torch.where(lens_t > start, torch.full_like(lens_t, start), self.options.max_seq_len)
-            anc, depth = causal_tree(width, dev)
+        for start, n, width, seq, anc, depth in self._prefill_chunks(lens_t, max(lens)):
             rows = (lens_t - 1 - start).clamp(0, n - 1)[:, None] if want_logits else None
             logits = runner.step(
                 history[:, start : start + width], seq, anc, depth, max_len_hint=start, logit_rows=rows, eager=True
@@ -370,16 +374,11 @@ class Engine:
         dev, st = self.device, self.state
         B = len(lens)
         lens_t = torch.tensor(lens, device=dev)
-        chunk = self.options.prefill_chunk
         F = st.feats.shape[-1]
         prev = torch.zeros(B, 1, F, device=dev, dtype=st.feats.dtype)
         last_feat = torch.zeros(B, F, device=dev, dtype=st.feats.dtype)
         out = None
-        for start in range(0, max(lens), chunk):
-            n = min(chunk, max(lens) - start)
-            width = prefill_width(n, chunk)
-            seq = torch.where(lens_t > start, torch.full_like(lens_t, start), self.options.max_seq_len)
-            anc, depth = causal_tree(width, dev)
+        for start, n, width, seq, anc, depth in self._prefill_chunks(lens_t, max(lens)):
             end = (lens_t - 1 - start).clamp(0, n - 1)[:, None]
             toks = history[:, start : start + width]
             logits, feats = self.target_runner.step(
