@@ -120,10 +120,6 @@ class Round:
         self.target, self.draft, self.ngram, self.shape = target, draft, ngram, shape
         # An EAGLE-3 drafter reads the target's features at these layers (None: a plain drafter).
         self.feature_layers = getattr(draft.model, "feature_layers", None) if draft is not None else None
-        # With compile on, the lattice expansion (its per-depth bookkeeping: sorts, gathers, masks, the
-        # drafter's head and top-k) can run as one compiled function around the compiled drafter blocks.
-        self.compile_draft = False
-        self._expand_compiled = None
         dev = target.device
         n = shape.budget + 1 if shape.depth else 1
         self._chain_anc, self._chain_depth = causal_tree(n, dev)
@@ -151,12 +147,10 @@ class Round:
                 q = probs_from_logits(logits, bs)
                 return q, sample_from_probs(q, bs.generator)
 
-        expand = expand_lattice
-        if self.compile_draft and sample is None:
-            if self._expand_compiled is None:
-                self._expand_compiled = torch.compile(expand_lattice, dynamic=False)
-            expand = self._expand_compiled
-        lattice, expanded_by, qs = expand(self.draft, hist, seq, nxt, D, K, kv_len, sample, features)
+        # The lattice's per-depth bookkeeping runs eagerly inside the captured graph: compiling the whole
+        # expansion around the compiled drafter blocks failed in inductor on the H200 (torch 2.11; a storage
+        # weakref error inside inference mode), so only the blocks are compiled.
+        lattice, expanded_by, qs = expand_lattice(self.draft, hist, seq, nxt, D, K, kv_len, sample, features)
         if self.shape.chain:  # the lattice of a chain is the chain: candidate i is draft token i + 1
             return lattice.tokens[:, :, 0], None, None, None, qs
         tree = best_first(lattice, N)
