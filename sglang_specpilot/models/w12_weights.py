@@ -49,3 +49,31 @@ def w12_twin(model: Transformer) -> Transformer:
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     twin = copy.deepcopy(model, memo=shared)
     return to_w12(twin)
+
+
+def has_w12(model: Transformer) -> bool:
+    """Whether ``model``'s projections are W12 (what two-level verification's 8-bit view needs)."""
+    from w12.linear import W12Linear
+
+    return isinstance(model.lm_head, W12Linear) and all(isinstance(m.attn.wqkv, W12Linear) for m in model.layers)
+
+
+def view8_twin(model: Transformer) -> Transformer:
+    """The 8-bit view of a W12 ``model``: a twin whose every W12 projection and LM head reads the hi plane
+    alone (``w12.view8_linear.W12View8Linear``), every tensor shared with ``model``, none copied. It runs
+    on ``model``'s KV cache (the Q pass of two-level verification, ``engine.tlv_round``)."""
+    import copy
+    import itertools
+
+    from w12.linear import W12Linear
+    from w12.view8_linear import W12View8Linear
+
+    if not has_w12(model):
+        raise ValueError("the 8-bit view needs W12 weights (--weights w12)")
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)
+    for parent in list(twin.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, W12Linear):
+                setattr(parent, name, W12View8Linear(child))
+    return twin
