@@ -68,6 +68,13 @@ class EngineOptions:
         step verifies one half while drafting the other on a second stream (``engine.colocated``). Off by
         default: at batch 8 on the H200 a co-located round served its half at 0.625x the throughput of one
         round over the whole batch (benchmarks/results/colocate_h200.json, DEVICE.md).
+    tlv : two-level verification (issue 16; ``engine.tlv_round``): each round a Q pass, the target on W12's
+        8-bit view, drafts a greedy chain of ``tlv_chain_len`` tokens and accepts nothing; the drafter drafts
+        again from the chain's end; one exact pass verifies both. Needs ``weights="w12"`` and a draft model.
+        The drafter's lattice is the tree options' (depth, top_k), else a chain of ``num_speculative_tokens``.
+    tlv_chain_len / tlv_hang_budget / tlv_root_budget : the exact pass's node budget split: the trunk (the Q
+        chain, L nodes), the drafter's tree hanging from its end (None = ``tree_budget``, or the chain's
+        depth), and a tree of the drafter's own from the root (0 = none).
     """
 
     model: str | None = None
@@ -91,6 +98,10 @@ class EngineOptions:
     tree_depth: int | None = None
     tree_top_k: int | None = None
     colocate: bool = False
+    tlv: bool = False
+    tlv_chain_len: int = 4
+    tlv_hang_budget: int | None = None
+    tlv_root_budget: int = 0
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -120,6 +131,39 @@ class EngineOptions:
             raise ValueError("colocate splits the KV rows in two halves: max_batch_size >= 2 is required")
         if self.tree:
             self._resolve_tree()
+        if self.tlv:
+            self._check_tlv()
+
+    def _check_tlv(self) -> None:
+        if self.weights != "w12":
+            raise ValueError("tlv needs W12 weights (--weights w12): its Q pass reads their 8-bit view")
+        if self.colocate:
+            raise ValueError("tlv runs its own rounds; it cannot be combined with colocate")
+        depth, top_k, _ = self.tlv_lattice
+        cands = tree_candidates(depth, top_k)
+        hang = self.tlv_hang_budget_resolved
+        if not 1 <= self.tlv_chain_len <= 32:
+            raise ValueError(f"tlv_chain_len must be in 1..32, got {self.tlv_chain_len}")
+        if not 1 <= hang <= cands or not 0 <= self.tlv_root_budget <= cands:
+            raise ValueError(
+                f"tlv_hang_budget must be in 1..{cands} and tlv_root_budget in 0..{cands} (the drafter's lattice "
+                f"of depth {depth}, top_k {top_k}), got {hang} and {self.tlv_root_budget}"
+            )
+        total = self.tlv_chain_len + hang + self.tlv_root_budget
+        if total > MAX_TREE_BUDGET:
+            raise ValueError(f"tlv's exact pass verifies {total} nodes; one verify block holds {MAX_TREE_BUDGET}")
+
+    @property
+    def tlv_lattice(self) -> tuple[int, int, int]:
+        """(depth, top_k, budget) of the drafter's lattice in TLV rounds: the tree's, else a chain."""
+        if self.tree:
+            return self.tree_depth, self.tree_top_k, self.tree_budget
+        g = self.num_speculative_tokens
+        return g, 1, g
+
+    @property
+    def tlv_hang_budget_resolved(self) -> int:
+        return self.tlv_lattice[2] if self.tlv_hang_budget is None else self.tlv_hang_budget
 
     def _resolve_tree(self) -> None:
         for name in ("tree_budget", "tree_depth", "tree_top_k"):

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 
 import torch
 
+from tlv import TLVPlan
+
 from ..config import EngineOptions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
@@ -34,6 +36,7 @@ from .round import CapturedRound, Round, RoundShape, RoundState
 from .rows import RowBatch
 from .runner import ModelRunner
 from .sampling import BatchSampling, SamplingParams
+from .tlv_round import TLVRound, TLVShape
 
 log = logging.getLogger("specpilot.engine")
 
@@ -42,10 +45,18 @@ def round_shape(options: EngineOptions, speculative: bool) -> RoundShape:
     """The round of a configuration: AR (depth 0), a chain (top-k 1) or a best-first tree."""
     if not speculative:
         return RoundShape(0, 0, 1)
+    if options.tlv:
+        return TLVShape.of(tlv_plan(options))
     if options.tree:
         return RoundShape(options.tree_budget, options.tree_depth, options.tree_top_k)
     g = options.num_speculative_tokens
     return RoundShape(g, g, 1)
+
+
+def tlv_plan(options: EngineOptions) -> TLVPlan:
+    """The TLV round's budget split (``options.tlv``): trunk L, the hanging tree, the root tree."""
+    depth, top_k, _ = options.tlv_lattice
+    return TLVPlan(options.tlv_chain_len, depth, top_k, options.tlv_hang_budget_resolved, options.tlv_root_budget)
 
 
 # Prefill chunks are padded to a multiple of this many tokens. A prompt length the process has not seen
@@ -106,7 +117,10 @@ class Engine:
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
         self.eos = frozenset(eos)
-        self.round = Round(self.target_runner, self.draft_runner, self.ngram, shape)
+        if options.tlv:
+            self.round = self._tlv_round(shape)
+        else:
+            self.round = Round(self.target_runner, self.draft_runner, self.ngram, shape)
         width = options.max_seq_len + self.target_runner.scratch
         # An EAGLE-3 drafter (drafters.eagle3) reads target features: the round state carries them.
         self.feature_layers = self.round.feature_layers
@@ -116,6 +130,8 @@ class Engine:
                 raise ValueError(f"the drafter reads target layer {max(self.feature_layers)} of {target.num_layers}")
             features = (len(self.feature_layers) * target.cfg.hidden_size, target.embed.weight.dtype)
         self.state = RoundState.allocate(options.max_batch_size, width, shape, self.device, features)
+        if options.tlv and self.state.n_prev is None:  # a plain drafter's TLV window needs n_prev too
+            self.state.n_prev = torch.zeros(options.max_batch_size, dtype=torch.long, device=self.device)
         self.captured = None
         if self.target_runner.use_graphs and self.round.capturable:
             self.captured = CapturedRound(self.round, self.state, park_at=options.max_seq_len)
@@ -132,6 +148,21 @@ class Engine:
             self.colocated = ColocatedRound(self.target_runner, self.draft_runner, shape.depth, self.round)
         self._batch: RowBatch | None = None
         self.warmup_s: float | None = None
+
+    def _tlv_round(self, shape: RoundShape) -> TLVRound:
+        """Two-level verification: the Q pass runs ``view8_twin(target)`` (the 8-bit view, every tensor
+        shared) on the target's own runner and KV cache (a shallow copy of the runner, its model swapped)."""
+        import copy
+
+        from ..models.w12_weights import has_w12, view8_twin
+
+        if not has_w12(self.target):
+            raise ValueError("tlv needs W12 weights (--weights w12): its Q pass reads their 8-bit view")
+        if self.draft_runner is None:
+            raise ValueError("tlv needs a draft model (--draft or --draft-layers): it drafts again from the Q chain")
+        q_runner = copy.copy(self.target_runner)
+        q_runner.model = view8_twin(self.target)
+        return TLVRound(self.target_runner, self.draft_runner, q_runner, shape.plan)
 
     @property
     def shape(self) -> RoundShape:
@@ -362,6 +393,9 @@ class Engine:
         if self.feature_layers is not None:
             return self._prefill_eagle(history, lens)
         last = self._prefill(self.target_runner, history, lens)
+        if self.state.n_prev is not None:  # a TLV round's drafter window starts at the prompt's end
+            rows = torch.tensor(lens, device=self.device) > 0
+            self.state.n_prev[: len(lens)] = torch.where(rows, 0, self.state.n_prev[: len(lens)])
         if self.draft_runner is not None:
             self._prefill(self.draft_runner, history, lens, want_logits=False)
         return last
