@@ -1,0 +1,127 @@
+"""What the tuning loop runs candidates on: engines of one deployment sharing its loaded weights.
+
+``EngineBackend`` builds one ``Engine`` per option delta over the same target and drafter (W12 deltas load a
+W12 copy once), warms it up (CUDA: compile and capture), and offers the loop four things: a timing callable
+(one greedy generation of the next prompt per call), generations for token forcing, the stock target's
+teacher-forced logits, and a step profile. Tests replace the timing callable and the clock (``runner`` and
+``clock``) to plant mechanisms of known gain; everything else runs the real engines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import replace
+
+from ..config import EngineOptions
+from . import step_profile
+from .option_space import TREE_KEYS, apply, delta_key
+
+KEEP_ENGINES = 4  # engines kept built (stock, best, the candidate, AR); older ones are rebuilt on demand
+
+
+class EngineBackend:
+    def __init__(self, stock: EngineOptions, new_tokens: int = 32, models=None, log=None):
+        """``stock``: the deployment's stock options (model, drafter, device; every tuned option at its
+        default). ``models``: (target, draft, tokenizer) already loaded, else loaded from ``stock``."""
+        self.new_tokens = new_tokens
+        self.clock = time.perf_counter
+        self.log = log or (lambda m: None)
+        if models is None:
+            from ..engine.loading import load_engine_models
+
+            # Loaded with the widest tree's scratch, so every candidate's positions fit the same weights.
+            wide = replace(stock, tree_budget=64, tree_depth=8, tree_top_k=8)
+            target, draft, tok, wide = load_engine_models(wide)
+            stock = replace(wide, **{k: getattr(stock, k) for k in TREE_KEYS})
+            models = (target, draft, tok)
+        self.stock = stock
+        self._models = {("bf16", "bf16"): models}
+        self._engines: OrderedDict[str, object] = OrderedDict()
+        self._tau_best: dict = {}
+
+    def _models_for(self, opts: EngineOptions):
+        key = (opts.weights, opts.draft_weights)
+        if key not in self._models:
+            from ..models.w12_weights import to_w12
+
+            target, draft, tok = self._models[("bf16", "bf16")]
+            t = to_w12(target) if opts.weights == "w12" else target
+            d = to_w12(draft) if draft is not None and opts.draft_weights == "w12" else draft
+            self._models[key] = (t, d, tok)
+        return self._models[key]
+
+    def engine(self, delta: dict):
+        from ..engine import Engine
+
+        key = delta_key(delta)
+        if key in self._engines:
+            self._engines.move_to_end(key)
+            return self._engines[key]
+        opts = apply(self.stock, delta)
+        target, draft, tok = self._models_for(opts)
+        uses_draft = opts.draft is not None
+        eng = Engine(target, tok, opts, draft if uses_draft else None)
+        eng.warmup(progress=False)
+        self._engines[key] = eng
+        while len(self._engines) > KEEP_ENGINES:
+            self._engines.popitem(last=False)
+        return eng
+
+    def _params(self):
+        from ..engine import SamplingParams
+
+        return SamplingParams(max_new_tokens=self.new_tokens, ignore_eos=True)
+
+    def runner(self, delta: dict, prompts):
+        eng, params, i = self.engine(delta), self._params(), [0]
+
+        def run():
+            eng.generate([prompts[i[0] % len(prompts)]], params)
+            i[0] += 1
+
+        return run
+
+    def generate(self, delta: dict, prompts) -> list[tuple[list[int], list[int]]]:
+        eng, params = self.engine(delta), self._params()
+        return [(list(p), eng.generate([p], params)[0].token_ids) for p in prompts]
+
+    def score_fn(self, prompt_ids, generated_ids):
+        return self.engine({}).teacher_force_logits(prompt_ids, generated_ids)
+
+    def ar_delta(self) -> dict:
+        return {"draft": None, "draft_layers": 0, "ngram_size": 0, **dict.fromkeys(TREE_KEYS)}
+
+    def tau_best(self, prompts) -> float | None:
+        """The best replayed tau (``tau_replay``: trees of every budget over the drafter's lattice); None
+        without a draft model (prompt lookup has no lattice to replay)."""
+        _, draft, _ = self._models[("bf16", "bf16")]
+        if draft is None or self.stock.draft is None:
+            return None
+        if "v" not in self._tau_best:
+            from ..harness.tau_replay import tau_report
+
+            ar = self.engine(self.ar_delta())
+            rep = tau_report(ar, draft, prompts, self.new_tokens, depth=6, top_k=8, budgets=(8, 16, 32, 64))
+            self._tau_best["v"] = max(v for k, v in rep.items() if k.startswith("tau_tree"))
+            self._tau_best["report"] = rep
+        return self._tau_best["v"]
+
+    def profile(self, delta: dict, prompts) -> dict:
+        if "ar" not in self._tau_best:  # the AR step is every profile's unit; measured once
+            ar_eng = self.engine(self.ar_delta())
+            self._tau_best["ar"] = step_profile.measure(ar_eng, prompts[0], self.new_tokens, ar_ms=None, tau_best=None)
+        ar = self._tau_best["ar"]
+        out = step_profile.measure(
+            self.engine(delta), prompts[0], self.new_tokens, ar_ms=ar["step_ms"], tau_best=self.tau_best(prompts[:4])
+        )
+        out["tau_replay"] = self._tau_best.get("report")
+        out["ar_profile"] = ar
+        return out
+
+    def describe(self) -> dict:
+        import torch
+
+        o = self.stock
+        gpu = torch.cuda.get_device_name(0) if o.device.startswith("cuda") else "cpu"
+        return {"model": o.model, "draft": o.draft, "device": o.device, "dtype": o.dtype, "gpu": gpu}

@@ -1,0 +1,51 @@
+"""The tuning loop on tiny models with planted mechanisms (tests/tune_helpers.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tune_helpers import PlantedBackend, tune_prompts
+
+from sglang_specpilot.controller.tune_loop import TuneConfig, Tuner
+
+CFG = TuneConfig(rounds=3, candidates=8, blocks=20, screen_blocks=20, kinds=("gamma",))
+
+
+def _tune(out, backend=None, cfg=CFG):
+    b = backend or PlantedBackend()
+    return Tuner(b, tune_prompts(3), tune_prompts(3, seed=7), out, cfg).run()
+
+
+def test_planted_gain_promoted_small_gain_and_shortcut_rejected(tmp_path):
+    res = _tune(tmp_path)
+    r0 = res["rounds"][0]
+    assert r0["promoted"] == "gamma=8"
+    by_id = {h["id"]: h for h in res["history"] if h["round"] == 0}
+    assert by_id["gamma=2"]["promoted"] is False and "below_gate" in by_id["gamma=2"]["feedback"]
+    shortcut = by_id["gamma=6"]
+    assert shortcut["timing"]["gain"] > 0.3  # faster by far ...
+    assert shortcut["promoted"] is False and shortcut["feedback"] == ["forcing_rejected"]  # ... but not lossless
+    assert res["best"] == {"num_speculative_tokens": 8}
+    assert res["final"]["confirmed"] and res["final"]["timing"]["gain"] > 0.25
+    assert res["rounds"][-1]["promoted"] is None  # the next round found nothing better: converged
+    assert r0["ceiling"]["unavailable"] == ["kernels"]  # CPU: no floors, said so
+    assert json.loads((tmp_path / "state.json").read_text())["records"]
+
+
+def test_resume_after_kill(tmp_path):
+    full = _tune(tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        _tune(tmp_path / "killed", PlantedBackend(fail_after=4))
+    res = _tune(tmp_path / "killed")
+    assert res["resumed_measurements"] > 0
+    assert res["measured_now"] < full["measured_now"]
+    assert res["best"] == full["best"] and [r["promoted"] for r in res["rounds"]] == [
+        r["promoted"] for r in full["rounds"]
+    ]
+
+
+def test_other_settings_refuse_the_folder(tmp_path):
+    _tune(tmp_path, cfg=TuneConfig(rounds=1, blocks=20, screen_blocks=20, kinds=("gamma",)))
+    with pytest.raises(ValueError, match="other settings"):
+        _tune(tmp_path, cfg=TuneConfig(rounds=2, blocks=20, screen_blocks=20, kinds=("gamma",)))
