@@ -49,6 +49,9 @@ FLAG_NAMES = {
     "tree_budget": "--tree-budget",
     "tree_depth": "--tree-depth",
     "tree_top_k": "--tree-top-k",
+    "tlv_chain_len": "--tlv-chain-len",
+    "tlv_hang_budget": "--tlv-hang-budget",
+    "tlv_root_budget": "--tlv-root-budget",
     "ngram_size": "--ngram",
     "draft_layers": "--draft-layers",
     "temperature": "--temperature",
@@ -95,11 +98,13 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 ENGINE_FLAGS = (
     "model", "draft", "draft_layers", "ngram", "synthetic", "mode", "gamma", "device", "dtype", "max_seq_len",
     "cuda_graphs", "compile", "weights", "draft_weights", "tree_budget", "tree_depth", "tree_top_k",
+    "tlv", "tlv_chain_len", "tlv_hang_budget", "tlv_root_budget",
 )  # fmt: skip
 ENGINE_DEFAULTS = {
     "model": None, "draft": None, "draft_layers": None, "ngram": DEFAULT_NGRAM, "synthetic": False, "mode": "spec",
     "gamma": 4, "device": "auto", "dtype": "auto", "max_seq_len": None, "cuda_graphs": True, "compile": None,
     "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
+    "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
 }  # fmt: skip
 
 
@@ -149,6 +154,18 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
         "tree_depth": lambda: g.add_argument("--tree-depth", type=int, help="tree depth (default: --gamma)"),
         "tree_top_k": lambda: g.add_argument(
             "--tree-top-k", type=int, metavar="K", help="children per expanded node and frontier width"),
+        "tlv": lambda: g.add_argument(
+            "--tlv", action="store_true",
+            help="two-level verification: a Q pass on W12's 8-bit view drafts a chain, the drafter drafts again "
+            "from its end, one exact pass verifies both (needs --weights w12 and a draft model)"),
+        "tlv_chain_len": lambda: g.add_argument(
+            "--tlv-chain-len", type=int, default=4, metavar="L", help="--tlv: Q-chain tokens (the trunk's nodes)"),
+        "tlv_hang_budget": lambda: g.add_argument(
+            "--tlv-hang-budget", type=int, metavar="N",
+            help="--tlv: nodes of the drafter's tree hanging from the chain's end (default: --tree-budget)"),
+        "tlv_root_budget": lambda: g.add_argument(
+            "--tlv-root-budget", type=int, default=0, metavar="N",
+            help="--tlv: nodes of a drafter tree from the root as well (default 0: none)"),
     }  # fmt: skip
     for name in only:
         add[name]()
@@ -175,7 +192,7 @@ def engine_options(args: argparse.Namespace):
     if args.mode == "spec" and args.draft is None:
         if args.draft_layers:
             draft_layers = args.draft_layers
-        elif args.model is None and default_drafter() is not None and wants_tree(args):
+        elif args.model is None and default_drafter() is not None and (wants_tree(args) or args.tlv):
             # Trees of the embedded target draft with the shipped trained drafter. Plain chains keep prompt
             # lookup: on the H200 (HumanEval/100-103, batch 1) it ran 1392 tok/s against 308 for the chain with
             # the trained drafter and 693 for AR (benchmarks/results/foundation_h200.json, trees_h200.json).
@@ -204,6 +221,10 @@ def engine_options(args: argparse.Namespace):
         tree_budget=budget,
         tree_depth=depth,
         tree_top_k=top_k,
+        tlv=args.tlv,
+        tlv_chain_len=args.tlv_chain_len,
+        tlv_hang_budget=args.tlv_hang_budget,
+        tlv_root_budget=args.tlv_root_budget,
         **kw,
     )
 

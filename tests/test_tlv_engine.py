@@ -201,3 +201,15 @@ def test_captured_tlv_round_equals_eager(eagle):
     eager = _engine(target, draft, device="cuda", cuda_graphs=False, **kw)
     assert captured.captured is not None and eager.captured is None
     assert _ids(captured, ps, n=32) == _ids(eager, ps, n=32) == _ids(_engine(target, None, device="cuda"), ps, n=32)
+
+
+def test_cli_tlv_flags_reach_the_options():
+    from sglang_specpilot.cli import build_parser, engine_options
+
+    args = build_parser().parse_args(
+        ["generate", "--prompt", "x", "--device", "cpu", "--weights", "w12", "--draft", "d", "--tlv"]
+        + ["--tlv-chain-len", "3", "--tlv-hang-budget", "2", "--tlv-root-budget", "1"]
+    )
+    o = engine_options(args)
+    assert (o.tlv, o.tlv_chain_len, o.tlv_hang_budget, o.tlv_root_budget) == (True, 3, 2, 1)
+    assert not engine_options(build_parser().parse_args(["generate", "--prompt", "x", "--device", "cpu"])).tlv
