@@ -376,7 +376,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
 
     params = sampling_params(args)  # every argument is checked before a model is loaded
-    options = engine_options(args)
+    options = with_profile(engine_options(args), args)
     check_options(options)
     t0 = time.perf_counter()
     engine = Engine.from_options(options)
@@ -633,7 +633,14 @@ def serve_options(args: argparse.Namespace):
     """``generate``'s engine options with ``--max-batch-size`` KV rows (a server batches its requests)."""
     from dataclasses import replace
 
-    return replace(engine_options(args), max_batch_size=args.max_batch_size)
+    return with_profile(replace(engine_options(args), max_batch_size=args.max_batch_size), args)
+
+
+def with_profile(options, args: argparse.Namespace):
+    """``options`` with a tuned profile's option delta applied (``--profile DIR``, from ``specpilot tune``)."""
+    from .controller.tune_profile import apply_profile
+
+    return apply_profile(options, getattr(args, "profile", None))
 
 
 def serve_limits(args: argparse.Namespace):
@@ -693,6 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--no-chat", action="store_true", help="send the prompt raw, without the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--profile", metavar="DIR", help="run the options a `specpilot tune --out DIR` run confirmed")
     _add_engine_args(g)
 
     t = command("tau", "replay tau (tokens per round) of chains, best-first trees and top-k oracles for a drafter")
@@ -760,6 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model name clients send (default: --model, or SmolLM2-135M-Instruct for the embedded model)",
     )
     s.add_argument("--max-batch-size", type=int, default=8, help="KV rows: requests decoded together")
+    s.add_argument("--profile", metavar="DIR", help="run the options a `specpilot tune --out DIR` run confirmed")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="log level of the server and uvicorn")  # fmt: skip
     lim = s.add_argument_group("limits (each refusal is a 4xx in OpenAI's error shape)")
@@ -777,6 +786,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("lift", help="lift SmolLM2 into Llama-3.1-8B / 3.2-1B shapes (timing stand-in folder)",
                    add_help=False)  # fmt: skip
     sub.add_parser("sglang-hook", help="SGLang 0.5 start-up hook: install | uninstall | status", add_help=False)
+    sub.add_parser("tune", help="tune the engine's options for a deployment (specpilot tune --help)", add_help=False)
+    sub.add_parser("memory", help="mechanism memory: list | show | apply | verify", add_help=False)
     return parser
 
 
@@ -819,6 +830,14 @@ def _dispatch(argv: list[str]) -> int:
         from .sglang_plugin.hook_install import main as hook_main
 
         return hook_main(argv[1:])
+    if argv[:1] == ["tune"]:
+        from .controller.tune_cli import main as tune_main
+
+        return tune_main(argv[1:])
+    if argv[:1] == ["memory"]:
+        from .controller.memory_cli import main as memory_main
+
+        return memory_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd == "tau":

@@ -7,8 +7,7 @@ the result and it can change something on this device: ``compile`` and the CUDA-
 CUDA, so a CPU run does not offer them; W12 needs bfloat16, so a float32 run is refused by the options.
 
 Each edit is tagged with the ceiling factor it works on (trees / kernels / outside), so the round's largest
-factor orders the proposals. TLV and its split join this list when ``EngineOptions`` carries them (another
-issue); co-location needs two KV rows (``max_batch_size >= 2``) and chain rounds.
+factor orders the proposals. Co-location needs two KV rows (``max_batch_size >= 2``) and chain rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ TREE_DEPTHS = (4, 6, 8)
 TREE_TOP_KS = (4, 8)
 TREE_BUDGETS = (8, 16, 32, 64)
 LADDERS = ((1,), (1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64))
+TLV_CHAINS = (2, 4, 6)
 TREE_KEYS = ("tree_budget", "tree_depth", "tree_top_k")
 
 
@@ -90,6 +90,14 @@ def _raw_edits(stock: EngineOptions, best: dict) -> list[tuple[str, dict, str]]:
                         out.append((f"tree={n}/{d}/{k}", {"tree_budget": n, "tree_depth": d, "tree_top_k": k}, "trees"))
         if cur.tree:
             out.append(("chain", dict.fromkeys(TREE_KEYS), "trees"))
+    if model_drafter:
+        # Two-level verification (issue 16): a Q pass on W12's 8-bit view; EngineOptions refuses it without
+        # W12 weights or a draft model, so on other deployments these edits are dropped as illegal.
+        out.append((f"tlv={'off' if cur.tlv else 'on'}", {"tlv": not cur.tlv}, "trees"))
+        if cur.tlv:
+            for n in TLV_CHAINS:
+                if n != cur.tlv_chain_len:
+                    out.append((f"tlv_chain={n}", {"tlv_chain_len": n}, "trees"))
     for key, label in (("weights", "w12"), ("draft_weights", "draft_w12")):
         if key == "draft_weights" and cur.draft is None:
             continue

@@ -66,6 +66,7 @@ class Tuner:
         self.state = TuneState(out, cfg)
         self.t_start = time.perf_counter()
         self.bars = _Bars(config.progress, config.rounds)
+        self._llm_rounds: list[dict] = []  # the LLM's answers so far, whose feedback codes it is shown
         self.timed = 0  # measurements taken in this process (not from the state file)
 
     # ---- cached measurements ------------------------------------------------------------------------
@@ -173,8 +174,10 @@ class Tuner:
         tried_here = {h["id"] for h in history if h["base"] == base_key}
         chosen, llm_info = [], None
         if self.llm is not None:
-            ctx = {"round": r, "profile": prof, "ceiling": ceil, "history": history, "best": best}
+            past = [f for rnd in self._llm_rounds for f in rnd["feedback"]]
+            ctx = {"round": r, "profile": prof, "ceiling": ceil, "history": history, "best": best, "llm_feedback": past}
             llm_info = self._cached(f"llm|{r}|{base_key}", lambda: self.llm.propose(ctx, edits, self.cfg.candidates))
+            self._llm_rounds.append(llm_info)
             by_id = {e.id: e for e in edits}
             chosen = [by_id[i] for i in llm_info["accepted"] if i in by_id and i not in tried_here]
         for e in order_edits(edits, largest, self.cfg.candidates, tried_here):
