@@ -113,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
             "new_tokens": args.new_tokens,
         },  # fmt: skip
     )
-    res = Tuner(backend, tp, fp, args.out, cfg, llm=llm).run()
+    seeds = []
+    if not args.no_memory:
+        from .tune_memory import seeds as memory_seeds
+
+        seeds = memory_seeds(args.memory, backend.stock)
+        log(f"memory: {len(seeds)} applicable entries ({', '.join(n for n, _ in seeds) or 'none'})")
+    res = Tuner(backend, tp, fp, args.out, cfg, llm=llm, seeds=seeds).run()
     doc = write(args.out, res, backend.describe(), backend.stock)
     Path(args.out, "result.json").write_text(json.dumps(res, indent=1, default=str))
     _report(args.out, res, doc, log)

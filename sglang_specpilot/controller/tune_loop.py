@@ -20,7 +20,7 @@ from ..harness.token_forcing import ForcingReport, Mismatch, compare_forcing
 from . import judge
 from .costmodel import ceiling, predicted_gain, validate
 from .halving import order_edits, rungs, successive_halving
-from .option_space import applied, delta_key, legal_edits
+from .option_space import Edit, applied, delta_key, legal_edits
 from .tune_state import TuneState
 
 
@@ -59,10 +59,13 @@ class _Bars:
 
 
 class Tuner:
-    def __init__(self, backend, tune_prompts, final_prompts, out, config: TuneConfig, llm=None):
+    def __init__(self, backend, tune_prompts, final_prompts, out, config: TuneConfig, llm=None, seeds=()):
+        """``seeds``: (name, delta over stock) from the memory (``tune_memory.seeds``), first-round candidates."""
         self.b, self.cfg, self.llm = backend, config, llm
+        self.seeds = [Edit(f"memory:{n}", tuple(sorted(d.items())), "memory") for n, d in seeds]
         self.tp, self.fp = tune_prompts, final_prompts
         cfg = asdict(config) | {"progress": None, "budget_s": None, "llm": getattr(llm, "name", None)}
+        cfg["seeds"] = [[e.id, e.changes] for e in self.seeds]
         self.state = TuneState(out, cfg)
         self.t_start = time.perf_counter()
         self.bars = _Bars(config.progress, config.rounds)
@@ -172,7 +175,7 @@ class Tuner:
             edits = [e for e in edits if e.id.split("=")[0] in self.cfg.kinds]
         base_key = delta_key(best)
         tried_here = {h["id"] for h in history if h["base"] == base_key}
-        chosen, llm_info = [], None
+        chosen, llm_info = (list(self.seeds) if r == 0 else []), None
         if self.llm is not None:
             past = [f for rnd in self._llm_rounds for f in rnd["feedback"]]
             ctx = {"round": r, "profile": prof, "ceiling": ceil, "history": history, "best": best, "llm_feedback": past}
