@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig
+from .hybrid import HybridTransformer
 from .llama import Transformer
 from .rope import rope_table
 
@@ -28,7 +29,7 @@ def build_model(
     if (state_dict is None) == (synthetic_seed is None):
         raise ValueError("give exactly one of state_dict and synthetic_seed")
     with torch.device("meta"):
-        model = Transformer(cfg, max_positions)
+        model = (HybridTransformer if cfg.is_hybrid else Transformer)(cfg, max_positions)
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight

@@ -21,6 +21,13 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{n}."
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if config.is_gdn_layer(n):  # a hybrid's Gated DeltaNet layer: Qwen3-Next's linear_attn tensors
+            from sglang_specpilot.models.gdn import gdn_hf_shapes
+
+            shapes |= gdn_hf_shapes(config, p)
+            shapes |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h)}
+            shapes[p + "mlp.down_proj.weight"] = (h, i)
+            continue
         shapes[p + "self_attn.q_proj.weight"] = (config.q_size, h)
         shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, h)
         shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, h)

@@ -38,6 +38,17 @@ _QWEN3 = dict(
     eos_token_ids=[151645, 151643],
 )
 
+# Qwen3-Next's Gated DeltaNet shapes (16 key heads, 32 value heads of 128, conv of 4 taps, one full
+# attention layer in 4), on an 8B-class dense body: timing only (models/hybrid.py lists what differs).
+_QWEN3_NEXT_GDN = dict(
+    full_attention_interval=4,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+)
+
 PRESETS: dict[str, dict] = {
     "llama-3.1-8b": dict(
         _LLAMA3,
@@ -114,6 +125,17 @@ PRESETS: dict[str, dict] = {
         bos_token_id=1,
         eos_token_ids=[2],
     ),
+    "qwen3-next-8b-like": dict(
+        _QWEN3,
+        **_QWEN3_NEXT_GDN,
+        arch="qwen3_next",
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        rope_theta=10000000.0,
+    ),
     # Small shapes for CPU tests; every architecture variant is covered by one of them.
     "tiny-llama": dict(
         arch="llama",
@@ -151,6 +173,43 @@ PRESETS: dict[str, dict] = {
         head_dim=32,
         max_position_embeddings=1024,
         eos_token_ids=[1],
+    ),
+    # Hybrids: 3 GDN layers then 1 attention layer; value heads sharing a key head (r = 2) and not (r = 1).
+    "tiny-hybrid": dict(
+        arch="qwen3_next",
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        eos_token_ids=[1],
+        full_attention_interval=4,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+    ),
+    "tiny-hybrid-8": dict(
+        arch="qwen3_next",
+        vocab_size=384,
+        hidden_size=48,
+        intermediate_size=96,
+        num_layers=8,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=12,
+        max_position_embeddings=1024,
+        eos_token_ids=[1],
+        full_attention_interval=4,
+        linear_num_key_heads=3,
+        linear_num_value_heads=3,
+        linear_key_head_dim=8,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=3,
     ),
 }
 

@@ -9,11 +9,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from sglang_specpilot.models.config import ModelConfig
+from sglang_specpilot.models.config import _HYBRID_KEYS, ModelConfig
 from sglang_specpilot.models.errors import CheckpointError, check_state_dict
 from sglang_specpilot.models.tokenizer import Tokenizer
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+}
 _INDEX = "model.safetensors.index.json"
 
 
@@ -47,7 +52,7 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def load_safetensors_folder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
-    """Load a Hugging Face Llama / Qwen2 / Qwen3 checkpoint folder.
+    """Load a Hugging Face Llama / Qwen2 / Qwen3 checkpoint folder (or a Qwen3-Next-layout hybrid's).
 
     Returns
     -------
@@ -111,6 +116,11 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype | None = None) -> dict:
         "eos_token_id": eos[0] if len(eos) == 1 else (list(eos) or None),
         "_name_or_path": config.name,
     }
+    if config.is_hybrid:  # Qwen3-Next's config.json keys for the GDN shapes and the layer layout
+        cfg |= {k: getattr(config, k) for k in _HYBRID_KEYS}
+        cfg["layer_types"] = [
+            "linear_attention" if config.is_gdn_layer(i) else "full_attention" for i in range(config.num_layers)
+        ]
     if dtype is not None:
         cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     return cfg
