@@ -35,6 +35,7 @@ def tree_candidates(depth: int, top_k: int) -> int:
 
 
 WEIGHTS = ("bf16", "w12")
+GDN_VERIFY = ("stock", "path", "wy")  # engine/gdn_verify.py STRATEGIES
 
 
 @dataclass
@@ -75,6 +76,10 @@ class EngineOptions:
     tlv_chain_len / tlv_hang_budget / tlv_root_budget : the exact pass's node budget split: the trunk (the Q
         chain, L nodes), the drafter's tree hanging from its end (None = ``tree_budget``, or the chain's
         depth), and a tree of the drafter's own from the root (0 = none).
+    gdn_verify : how a hybrid (Gated DeltaNet) target verifies (``engine.gdn_verify``): "stock" keeps a
+        state snapshot per verified position and serves chains only; "path" recomputes each tree node's
+        state along its root path; "wy" solves all root paths at once (TreeWY). No effect on attention-only
+        models.
     """
 
     model: str | None = None
@@ -102,6 +107,7 @@ class EngineOptions:
     tlv_chain_len: int = 4
     tlv_hang_budget: int | None = None
     tlv_root_budget: int = 0
+    gdn_verify: str = "stock"
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -129,6 +135,8 @@ class EngineOptions:
             raise ValueError("colocate runs chain rounds; it cannot be combined with tree options")
         if self.colocate and self.max_batch_size < 2:
             raise ValueError("colocate splits the KV rows in two halves: max_batch_size >= 2 is required")
+        if self.gdn_verify not in GDN_VERIFY:
+            raise ValueError(f"unknown gdn_verify {self.gdn_verify!r}; choose from {', '.join(GDN_VERIFY)}")
         if self.tree:
             self._resolve_tree()
         if self.tlv:

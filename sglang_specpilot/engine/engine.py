@@ -117,6 +117,8 @@ class Engine:
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
         self.eos = frozenset(eos)
+        if self.target_runner.recurrent is not None:
+            self._check_hybrid(options, shape)
         if options.tlv:
             self.round = self._tlv_round(shape)
         else:
@@ -148,6 +150,19 @@ class Engine:
             self.colocated = ColocatedRound(self.target_runner, self.draft_runner, shape.depth, self.round)
         self._batch: RowBatch | None = None
         self.warmup_s: float | None = None
+
+    def _check_hybrid(self, options: EngineOptions, shape: RoundShape) -> None:
+        """A hybrid (GDN) target: set its verify strategy, refuse what its recurrent state cannot serve."""
+        if self.draft is not None and self.draft.cfg.is_hybrid:
+            raise ValueError("the drafter has GDN layers; drafting keeps no recurrent state (use an attention drafter)")
+        if options.tlv or options.colocate:
+            raise ValueError("tlv and colocate rounds do not carry a hybrid target's recurrent state")
+        if options.gdn_verify == "stock" and shape.depth and not shape.chain:
+            raise ValueError(
+                "gdn_verify='stock' keeps one state snapshot per chain position and cannot verify trees; "
+                "use gdn_verify='path' or 'wy' for tree rounds on a hybrid target"
+            )
+        self.target_runner.recurrent.configure(options.gdn_verify, shape.depth + 1)
 
     def _tlv_round(self, shape: RoundShape) -> TLVRound:
         """Two-level verification: the Q pass runs ``view8_twin(target)`` (the 8-bit view, every tensor
@@ -370,8 +385,17 @@ class Engine:
         out = None
         for start, n, width, seq, anc, depth in self._prefill_chunks(lens_t, max(lens)):
             rows = (lens_t - 1 - start).clamp(0, n - 1)[:, None] if want_logits else None
+            # A hybrid's recurrent state must not step over the chunk's padding: it gets the real count.
+            extra = {} if runner.recurrent is None else {"valid": (lens_t - start).clamp(0, n)}
             logits = runner.step(
-                history[:, start : start + width], seq, anc, depth, max_len_hint=start, logit_rows=rows, eager=True
+                history[:, start : start + width],
+                seq,
+                anc,
+                depth,
+                max_len_hint=start,
+                logit_rows=rows,
+                eager=True,
+                **extra,
             )
             if want_logits:
                 here = ((lens_t - 1 >= start) & (lens_t - 1 < start + n))[:, None]
@@ -415,6 +439,7 @@ class Engine:
         for start, n, width, seq, anc, depth in self._prefill_chunks(lens_t, max(lens)):
             end = (lens_t - 1 - start).clamp(0, n - 1)[:, None]
             toks = history[:, start : start + width]
+            extra = {} if self.target_runner.recurrent is None else {"valid": (lens_t - start).clamp(0, n)}
             logits, feats = self.target_runner.step(
                 toks,
                 seq,
@@ -424,6 +449,7 @@ class Engine:
                 logit_rows=end,
                 eager=True,
                 feature_layers=self.feature_layers,
+                **extra,
             )
             g = self.draft.project(torch.cat([prev, feats[:, :-1]], 1))
             self.draft_runner.step(toks, seq, anc, depth, max_len_hint=start, eager=True, g=g)

@@ -262,6 +262,8 @@ class Round:
             if commit is not None:
                 commit_draft(self.draft, seq, commit[0], commit[1], path)
             accepted = block.gather(1, path)  # [B, D + 1]: root, a_1 .. a_n, repeats
+        if self.target.recurrent is not None:  # a hybrid target keeps the state after the last accepted node
+            self.target.recurrent.commit(path.gather(1, n[:, None])[:, 0], seq)
         if feats_out is not None:
             buf, use = feats_out
             picked = feats.gather(1, path[:, :, None].expand(B, D + 1, feats.shape[-1]))

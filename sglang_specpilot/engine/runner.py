@@ -12,6 +12,7 @@ import torch
 
 from ..models.llama import Transformer, fused_attention_supported, run_block
 from .attn_meta import build_step_meta, window_mask
+from .gdn_state import RecurrentState
 from .kv_cache import KVCache
 
 
@@ -80,6 +81,10 @@ class ModelRunner:
         # _Graph) and prefill chunks of rows whose prompt already ended. Must cover the widest step.
         self.scratch = scratch_slots
         self.kv = KVCache(model.cfg, max_batch, max_seq + scratch_slots, self.device, self.dtype)
+        # A hybrid model's GDN layers keep per-row recurrent state beside the KV cache (gdn_state.py).
+        self.recurrent = None
+        if model.cfg.is_hybrid:
+            self.recurrent = RecurrentState(model.cfg, max_batch, max_seq, self.device, self.dtype)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         ladder = sorted({b for b in graph_batch_sizes if b < max_batch} | {max_batch})
         self.ladder = tuple(ladder)
@@ -103,6 +108,8 @@ class ModelRunner:
         self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False, **extra
     ) -> torch.Tensor:
         meta = build_step_meta(seq_len, anc, depth, kv_len, self.group, with_mask=not fused_attention)
+        if self.recurrent is not None:  # prefill / teacher forcing: ``valid`` real tokens per row
+            extra["rec"] = self.recurrent.prefill(seq_len, extra.pop("valid", None), tokens.shape[1])
         return self.model(
             tokens, meta.positions, meta.slots, meta.mask, self.kv.layers, logit_rows, layer_fn, seq_len, anc, **extra
         )
@@ -151,7 +158,8 @@ class ModelRunner:
         features an EAGLE-3 drafter reads, the feature layers a target returns); such steps run eagerly.
         """
         B, N = tokens.shape
-        if self.use_graphs and not eager and logit_rows is None and anc.dim() == 2 and not extra:
+        graphable = logit_rows is None and anc.dim() == 2 and not extra and self.recurrent is None
+        if self.use_graphs and not eager and graphable:
             bucket = next(b for b in self.ladder if b >= B)
             return self._graph(bucket, N)(tokens, seq_len, anc, depth)
         kv_len = self.max_seq
@@ -169,7 +177,18 @@ class ModelRunner:
         live slots and the blocks run compiled; elsewhere SDPA with a dense mask over ``kv_len`` slots
         (default: the whole cache). Returns logits [B, Nq, V]; ``extra`` goes to the model's forward (an
         EAGLE-3 drafter's features ``g``, which then returns hidden states; a target's ``feature_layers``).
+        A hybrid model's GDN layers verify the block without committing: ``recurrent.commit`` follows.
         """
+        if self.recurrent is None:
+            return self._round_forward(tokens, positions, slots, seq_len, anc, kv_len, **extra)
+        out = self._round_forward(
+            tokens, positions, slots, seq_len, anc, kv_len, rec=self.recurrent.verify(anc, tokens.shape[0]), **extra
+        )
+        if tokens.shape[1] == 1:  # an AR step: its one token is accepted, whatever round runs it
+            self.recurrent.commit(torch.zeros_like(seq_len), seq_len)
+        return out
+
+    def _round_forward(self, tokens, positions, slots, seq_len, anc, kv_len, **extra) -> torch.Tensor:
         if self.round_fused:
             return self.model(
                 tokens, positions, slots, None, self.kv.layers, None, self._layer_fn, seq_len, anc, **extra
