@@ -1,6 +1,7 @@
 """The SGLang 0.5 start-up hook without SGLang: the .pth, laziness, the off switch, idempotence."""
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -141,6 +142,27 @@ def test_server_args_policy_defaults_and_checks():
         server_args_policy.apply_defaults(
             _args(speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=8)
         )
+
+
+def test_server_args_take_the_tuned_profile(tmp_path, monkeypatch):
+    # SPECPILOT_PROFILE (inherited by SGLang's worker processes) fills the tree shape the flags leave unset.
+    doc = {"format": "specpilot-profile/1", "delta": {"tree_budget": 16, "tree_depth": 6, "tree_top_k": 3}}
+    (tmp_path / "profile.json").write_text(json.dumps(doc))
+    monkeypatch.setenv("SPECPILOT_PROFILE", str(tmp_path))
+    a = _args()
+    server_args_policy.apply_defaults(a)
+    assert (a.speculative_num_steps, a.speculative_eagle_topk, a.speculative_num_draft_tokens) == (6, 3, 17)
+    b = _args(speculative_eagle_topk=2)  # a flag on the command line wins over the profile
+    server_args_policy.apply_defaults(b)
+    assert (b.speculative_num_steps, b.speculative_eagle_topk, b.speculative_num_draft_tokens) == (6, 2, 17)
+    doc["delta"] = {"num_speculative_tokens": 5}  # a tuned chain
+    (tmp_path / "profile.json").write_text(json.dumps(doc))
+    c = _args()
+    server_args_policy.apply_defaults(c)
+    assert (c.speculative_num_steps, c.speculative_eagle_topk, c.speculative_num_draft_tokens) == (5, 1, 6)
+    monkeypatch.setenv("SPECPILOT_PROFILE", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="no tuned profile"):
+        server_args_policy.apply_defaults(_args())
 
 
 def test_policy_runs_sglangs_standalone_handling_under_our_name():

@@ -15,6 +15,25 @@ from sglang_specpilot.sglang_plugin import ALGORITHM
 DEFAULT_TREE = (5, 4, 8)
 
 
+def profile_tree(path: str | None = None) -> tuple[int, int, int] | None:
+    """(steps, topk, num_draft_tokens) of the tuned profile at ``path`` (default: ``SPECPILOT_PROFILE``), or
+    None when there is none or it tunes no draft shape. The engine's tree (budget N, depth D, top-k K) is
+    SGLang's (D, K, N + 1): SGLang's count includes the root; a chain of gamma is (gamma, 1, gamma + 1)."""
+    from sglang_specpilot.controller.tune_profile import env_profile, read
+
+    path = path or env_profile()
+    if path is None:
+        return None
+    delta = read(path)["delta"]
+    if delta.get("tree_depth") or delta.get("tree_budget") or delta.get("tree_top_k"):
+        depth, top_k = delta.get("tree_depth") or DEFAULT_TREE[0], delta.get("tree_top_k") or 1
+        return depth, top_k, (delta.get("tree_budget") or depth) + 1
+    if delta.get("num_speculative_tokens"):
+        g = delta["num_speculative_tokens"]
+        return g, 1, g + 1
+    return None
+
+
 def is_specpilot(name: str | None) -> bool:
     return name is not None and name.upper() == ALGORITHM
 
@@ -27,7 +46,10 @@ def apply_defaults(args) -> None:
             "--speculative-algorithm specpilot drafts with a standalone model: pass --speculative-draft-model-path"
         )
     given = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
-    filled = tuple(d if g is None else g for g, d in zip(given, DEFAULT_TREE, strict=True))
+    # A tuned profile (``specpilot tune``; SPECPILOT_PROFILE, inherited by SGLang's worker processes) fills
+    # what the command line leaves unset; flags given on the command line win.
+    defaults = profile_tree() or DEFAULT_TREE
+    filled = tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))
     steps, topk, n = filled
     if steps < 1 or topk < 1:
         raise ValueError(f"specpilot needs speculative_num_steps >= 1 and topk >= 1, got {steps}, {topk}")
