@@ -52,6 +52,11 @@ FLAG_NAMES = {
     "tlv_chain_len": "--tlv-chain-len",
     "tlv_hang_budget": "--tlv-hang-budget",
     "tlv_root_budget": "--tlv-root-budget",
+    "auto_off_curve": "--auto-off-curve",
+    "auto_off_probe_every": "--auto-off-probe-every",
+    "adaptive_depths": "--adaptive-depths",
+    "shared_budget": "--shared-budget",
+    "auto_off": "--auto-off",
     "ngram_size": "--ngram",
     "draft_layers": "--draft-layers",
     "temperature": "--temperature",
@@ -99,12 +104,15 @@ ENGINE_FLAGS = (
     "model", "draft", "draft_layers", "ngram", "synthetic", "mode", "gamma", "device", "dtype", "max_seq_len",
     "cuda_graphs", "compile", "weights", "draft_weights", "tree_budget", "tree_depth", "tree_top_k",
     "tlv", "tlv_chain_len", "tlv_hang_budget", "tlv_root_budget",
+    "auto_off", "auto_off_curve", "auto_off_probe_every", "adaptive_depths", "shared_budget",
 )  # fmt: skip
 ENGINE_DEFAULTS = {
     "model": None, "draft": None, "draft_layers": None, "ngram": DEFAULT_NGRAM, "synthetic": False, "mode": "spec",
     "gamma": 4, "device": "auto", "dtype": "auto", "max_seq_len": None, "cuda_graphs": True, "compile": None,
     "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
     "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
+    "auto_off": False, "auto_off_curve": None, "auto_off_probe_every": 16, "adaptive_depths": None,
+    "shared_budget": None,
 }  # fmt: skip
 
 
@@ -166,9 +174,39 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
         "tlv_root_budget": lambda: g.add_argument(
             "--tlv-root-budget", type=int, default=0, metavar="N",
             help="--tlv: nodes of a drafter tree from the root as well (default 0: none)"),
+        "auto_off": lambda: g.add_argument(
+            "--auto-off", action="store_true",
+            help="per round, speculate only where the cost model predicts a gain over AR at the current batch "
+            "(S = tau / c); otherwise run an exact AR round"),
+        "auto_off_curve": lambda: g.add_argument(
+            "--auto-off-curve", type=_curve, metavar="ROWS:AR_MS:SPEC_MS,...",
+            help="--auto-off: the step-time curve (default: measured at warm-up on CUDA)"),
+        "auto_off_probe_every": lambda: g.add_argument(
+            "--auto-off-probe-every", type=int, default=16, metavar="N",
+            help="--auto-off: while off, every N-th round is a speculative probe re-measuring acceptance"),
+        "adaptive_depths": lambda: g.add_argument(
+            "--adaptive-depths", type=_ints, metavar="D,D",
+            help="draft depths below --gamma / --tree-depth that a batch may run instead, chosen from its rows' "
+            "recent acceptance (e.g. --gamma 16 --adaptive-depths 8,12)"),
+        "shared_budget": lambda: g.add_argument(
+            "--shared-budget", type=int, metavar="N",
+            help="tree rounds: one verify-node budget shared by the batch's rows, best path probability first "
+            "(each row at most --tree-budget)"),
     }  # fmt: skip
     for name in only:
         add[name]()
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _curve(text: str) -> tuple[tuple[int, float, float], ...]:
+    """``ROWS:AR_MS:SPEC_MS,...`` -> ((rows, ar_ms, spec_ms), ...)."""
+    try:
+        return tuple((int(r), float(a), float(sp)) for r, a, sp in (p.split(":") for p in text.split(",")))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected ROWS:AR_MS:SPEC_MS,... ({e})") from e
 
 
 def _tree_defaults(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
@@ -225,6 +263,11 @@ def engine_options(args: argparse.Namespace):
         tlv_chain_len=args.tlv_chain_len,
         tlv_hang_budget=args.tlv_hang_budget,
         tlv_root_budget=args.tlv_root_budget,
+        auto_off=args.auto_off and args.mode == "spec",
+        auto_off_curve=args.auto_off_curve,
+        auto_off_probe_every=args.auto_off_probe_every,
+        adaptive_depths=(args.adaptive_depths or ()) if args.mode == "spec" else (),
+        shared_budget=args.shared_budget if args.mode == "spec" else None,
         **kw,
     )
 

@@ -80,6 +80,18 @@ class EngineOptions:
         state snapshot per verified position and serves chains only; "path" recomputes each tree node's
         state along its root path; "wy" solves all root paths at once (TreeWY). No effect on attention-only
         models.
+    auto_off : per round, speculate only where the cost model S = tau / c predicts a gain over AR at the
+        batch's bucket (``engine.auto_off``); otherwise run an exact AR round that keeps the drafter
+        current. Off by default (every round speculates, as before).
+    auto_off_curve : ``(rows, ar_ms, spec_ms)`` points of the step-time curve c is read from; None = measured
+        at warm-up on CUDA (``Engine.warmup``); without one, every round speculates.
+    auto_off_probe_every : while off, every this-many-th round is a speculative probe that re-measures tau.
+    adaptive_depths : draft depths (chain length, or tree depth) below the configured one that a batch may run
+        instead, chosen from its rows' recent acceptance (``engine.adaptive_depth``); e.g. (8, 12) with
+        gamma 16. Empty (the default): every round drafts the configured depth.
+    shared_budget : tree rounds: one verify-node budget shared by all rows of a round (``engine.shared_budget``):
+        nodes go to the rows whose next nodes have the highest path probability, each row at most
+        ``tree_budget``. None (the default): every row verifies ``tree_budget`` nodes.
     """
 
     model: str | None = None
@@ -108,6 +120,11 @@ class EngineOptions:
     tlv_hang_budget: int | None = None
     tlv_root_budget: int = 0
     gdn_verify: str = "stock"
+    auto_off: bool = False
+    auto_off_curve: tuple[tuple[int, float, float], ...] | None = None
+    auto_off_probe_every: int = 16
+    adaptive_depths: tuple[int, ...] = ()
+    shared_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -141,6 +158,32 @@ class EngineOptions:
             self._resolve_tree()
         if self.tlv:
             self._check_tlv()
+        self._check_batched()
+
+    def _check_batched(self) -> None:
+        """The batched-serving mechanisms (issue 18)."""
+        if self.auto_off_probe_every < 1:
+            raise ValueError(f"auto_off_probe_every must be >= 1, got {self.auto_off_probe_every}")
+        if self.auto_off_curve is not None:
+            self.auto_off_curve = tuple(tuple(p) for p in self.auto_off_curve)
+            if not self.auto_off_curve or any(
+                len(p) != 3 or p[0] < 1 or p[1] <= 0 or p[2] <= 0 for p in self.auto_off_curve
+            ):
+                raise ValueError("auto_off_curve holds (rows >= 1, ar_ms > 0, spec_ms > 0) points")
+        self.adaptive_depths = tuple(sorted(set(self.adaptive_depths)))
+        depth = self.tree_depth if self.tree else self.num_speculative_tokens
+        if any(not 1 <= d < depth for d in self.adaptive_depths):
+            raise ValueError(
+                f"adaptive_depths must lie in 1..{depth - 1} (below the configured depth {depth}, which is the "
+                f"deepest kind), got {self.adaptive_depths}"
+            )
+        if (self.adaptive_depths or self.auto_off or self.shared_budget is not None) and (self.colocate or self.tlv):
+            raise ValueError("auto_off, adaptive_depths and shared_budget run plain rounds; not with colocate or tlv")
+        if self.shared_budget is not None:
+            if not self.tree:
+                raise ValueError("shared_budget shares tree nodes: it needs tree rounds (tree_budget)")
+            if self.shared_budget < 1:
+                raise ValueError(f"shared_budget must be >= 1, got {self.shared_budget}")
 
     def _check_tlv(self) -> None:
         if self.weights != "w12":

@@ -33,9 +33,11 @@ from ..models.llama import Transformer
 from .attn_meta import causal_tree
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
+from .round_kinds import SpecPolicy, alternate_rounds
 from .rows import RowBatch
 from .runner import ModelRunner
 from .sampling import BatchSampling, SamplingParams
+from .step_curve import StepCurve, measure
 from .tlv_round import TLVRound, TLVShape
 
 log = logging.getLogger("specpilot.engine")
@@ -137,6 +139,16 @@ class Engine:
         self.captured = None
         if self.target_runner.use_graphs and self.round.capturable:
             self.captured = CapturedRound(self.round, self.state, park_at=options.max_seq_len)
+        # Other round kinds (automatic off's AR round, adaptive depths) and the policy choosing among them:
+        # none with default options.
+        self.kinds = alternate_rounds(self)
+        self.kinds_captured = {
+            k: CapturedRound(r, self.state, park_at=options.max_seq_len)
+            for k, r in self.kinds.items()
+            if self.captured is not None and r.capturable
+        }
+        curve = StepCurve.from_triples(options.auto_off_curve) if options.auto_off_curve else None
+        self.policy = SpecPolicy(self, curve) if self.kinds else None
         self.colocated = None
         if options.colocate:
             if draft is None:
@@ -224,11 +236,28 @@ class Engine:
                 f"warm-up: compiling and capturing the round for batch {b} ({i + 1}/{len(ladder)}, "
                 f"{time.perf_counter() - t0:.1f} s so far)"
             )
-            self.captured.capture(b, BatchSampling.from_params([SamplingParams()] * b, self.device))
+            bs = BatchSampling.from_params([SamplingParams()] * b, self.device)
+            self.captured.capture(b, bs)
+            for cap in self.kinds_captured.values():
+                cap.capture(b, bs)
+        if self.policy is not None and self.policy.auto_off is not None and self.policy.auto_off.curve is None:
+            say("warm-up: timing the AR and speculative rounds per batch bucket (automatic off's step curve)")
+            self.policy.auto_off.curve = self._measure_curve(ladder)
         torch.cuda.synchronize()
         self.warmup_s = time.perf_counter() - t0
         say(f"warm-up done in {self.warmup_s:.1f} s ({len(ladder)} batch sizes)")
         return self.warmup_s
+
+    @torch.inference_mode()
+    def _measure_curve(self, ladder: tuple[int, ...]) -> StepCurve:
+        """Replay each captured kind per bucket (no row in use: replays advance nothing) -> the step curve."""
+        curve = StepCurve()
+        for b in ladder:
+            curve.add("spec", b, measure(lambda b=b: self.captured.replay(b)))
+            for key, cap in self.kinds_captured.items():
+                curve.add(key, b, measure(lambda b=b, cap=cap: cap.replay(b)))
+        log.info("step curve (ms by kind and rows): %s", curve.as_dict())
+        return curve
 
     @torch.inference_mode()
     def _warm_prefill(self, ladder: tuple[int, ...]) -> None:
@@ -259,19 +288,21 @@ class Engine:
             "g": torch.zeros(b, w, self.target.cfg.hidden_size, device=self.device, dtype=self.draft.fc.weight.dtype)
         }
 
-    def run_round(self, b: int, bs: BatchSampling, max_len: int | None) -> None:
+    def run_round(self, b: int, bs: BatchSampling, max_len: int | None, kind=None) -> None:
         """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds
         on CUDA, else ``Round.run`` eagerly (or the co-located strategy, see ``colocated.ColocatedRound``).
-        Reads nothing back to the host."""
+        ``kind``: one of ``self.kinds`` (None: the engine's own round). Reads nothing back to the host."""
         max_len = max_len if self.device.type != "cuda" else None  # only dense-mask (CPU) attention uses it
+        rnd = self.round if kind is None else self.kinds[kind]
+        captured = self.captured if kind is None else self.kinds_captured.get(kind)
         if self.colocated is not None:
             self.colocated.run(self.state, b, bs, max_len)
-        elif self.captured is not None and bs.all_greedy:
-            if b not in self.captured:
-                self.captured.capture(b, bs)
-            self.captured.replay(b)
+        elif captured is not None and bs.all_greedy:
+            if b not in captured:
+                captured.capture(b, bs)
+            captured.replay(b)
         else:
-            self.round.run(self.state, b, bs, max_len)
+            rnd.run(self.state, b, bs, max_len)
 
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:

@@ -179,7 +179,7 @@ class Round:
             features = (st.feats[:b], st.n_prev[:b] * use)  # rows not in use start their window at seq_len
             drafted = self._draft(hist, seq, nxt, bs, kv_len, features)
             bonus, n = self.verify(
-                hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=st.out[:b], feats_out=(st.feats[:b], use)
+                hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=st.out[:b], feats_out=(st.feats[:b, : D + 1], use)
             )
             st.n_prev[:b] = n * use
         else:

@@ -55,6 +55,7 @@ class _Inflight:
     rows: list[Request | None]  # row -> request when the round was launched
     host: torch.Tensor  # [b, D + 3] (pinned on CUDA): a copy of ``state.out``
     done: torch.cuda.Event | None
+    kind: object = None  # the round kind it ran (``Engine.kinds``; None: the engine's own round)
 
 
 class RowBatch:
@@ -82,6 +83,8 @@ class RowBatch:
         self._launches = 0
         self.rounds = 0  # row-rounds: one per row in use per step
         self.round_tokens = 0  # tokens those row-rounds emitted (accepted drafts + bonus)
+        # Chooses each step's round kind from the rows' recent acceptance (None with default options).
+        self.policy = getattr(engine, "policy", None)
 
     # ---- occupancy ---------------------------------------------------------------------------------
     @property
@@ -127,6 +130,8 @@ class RowBatch:
         self.state.in_use[row] = False
         self.host_len[row] = 0
         self._bs.clear()
+        if self.policy is not None:
+            self.policy.forget(row)
         return req
 
     # ---- admission and rounds ----------------------------------------------------------------------
@@ -254,7 +259,10 @@ class RowBatch:
         # The host knows each row's length up to the round in flight, which may add max_emitted more.
         lag = eng.round.shape.max_emitted if self._inflight is not None else 0
         max_len = max(self.host_len[:b]) + lag
-        eng.run_round(b, bs, max_len)
+        kind = None
+        if self.policy is not None:
+            kind = self.policy.choose([i for i, r in enumerate(self.rows[:b]) if r is not None], b)
+        eng.run_round(b, bs, max_len, kind)
         if self._pinned:
             host = self._pinned[self._launches % 2][:b]
             host.copy_(st.out[:b], non_blocking=True)
@@ -263,7 +271,7 @@ class RowBatch:
         else:
             host, done = st.out[:b].clone(), None
         self._launches += 1
-        return _Inflight(list(self.rows[:b]), host, done)
+        return _Inflight(list(self.rows[:b]), host, done, kind)
 
     def _collect(self) -> list[StreamEvent]:
         inflight = self._inflight
@@ -284,6 +292,8 @@ class RowBatch:
                 events += self._fail(req, NONFINITE, clear_kv=True)
                 continue
             self.host_len[row] += k
+            if self.policy is not None:
+                self.policy.observe(row, k, inflight.kind)
             self.rounds += 1
             self.round_tokens += k
             events += self._emit(req, packed[row][:k], count_round=True)

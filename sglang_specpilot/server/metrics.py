@@ -64,6 +64,12 @@ class Metrics:
         self.row_rounds = 0
         self.round_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()
+        # Batched-serving decisions (issue 18), copied from the engine's round policy each round.
+        self.spec_decisions: dict[str, int] = {}
+        self.depth_rounds: dict[int, int] = {}
+        self.predicted_speedup: float | None = None
+        self.shared_budget_rounds = 0
+        self.adaptive_depth = False
 
     # ---- updates (scheduler thread, or the event loop for ``rejected``) ----------------------------
     def queued(self, delta: int) -> None:
@@ -88,6 +94,12 @@ class Metrics:
         with self._lock:
             self.batch_rounds += 1
             self.row_rounds, self.round_tokens = batch.rounds, batch.round_tokens
+            policy = getattr(batch, "policy", None)
+            if policy is not None:
+                self.spec_decisions, self.depth_rounds = dict(policy.decisions), dict(policy.depth_rounds)
+                self.shared_budget_rounds, self.adaptive_depth = policy.shared_rounds, policy.adaptive
+                if policy.auto_off is not None:
+                    self.predicted_speedup = policy.auto_off.last_speedup
 
     def gauges(self, batch) -> None:
         with self._lock:
@@ -119,6 +131,40 @@ class Metrics:
     def mean_accepted(self) -> float:
         with self._lock:
             return self.round_tokens / self.row_rounds if self.row_rounds else 0.0
+
+    def _policy_rows(self) -> list[tuple]:
+        """The round policy's counters (present only when a mechanism of issue 18 is on)."""
+        rows = []
+        if self.spec_decisions:
+            rows.append((
+                "speculation_decisions_total",
+                "counter",
+                "Automatic off: rounds by decision (spec: S > 1; ar: S <= 1, an AR round ran; probe: a speculative "
+                "round re-measuring acceptance while off; unmeasured: speculated with no curve or a new row).",
+                [({"decision": k}, v) for k, v in sorted(self.spec_decisions.items())],
+            ))  # fmt: skip
+        if self.predicted_speedup is not None:
+            rows.append((
+                "predicted_speculation_speedup",
+                "gauge",
+                "Automatic off: the cost model's latest S = tau / c for speculating at the current batch.",
+                [({}, self.predicted_speedup)],
+            ))  # fmt: skip
+        if self.adaptive_depth:
+            rows.append((
+                "draft_depth_rounds_total",
+                "counter",
+                "Adaptive draft length: speculative rounds by the draft depth the batch ran.",
+                [({"depth": str(k)}, v) for k, v in sorted(self.depth_rounds.items())],
+            ))  # fmt: skip
+        if self.shared_budget_rounds:
+            rows.append((
+                "shared_budget_rounds_total",
+                "counter",
+                "Shared node budget: tree rounds whose verify nodes were shared across the batch.",
+                [({}, self.shared_budget_rounds)],
+            ))  # fmt: skip
+        return rows
 
     def render(self) -> str:
         tps, acc = self.tokens_per_s(), self.mean_accepted()
@@ -163,6 +209,7 @@ class Metrics:
                     "Tokens emitted per request per round since start (accepted draft tokens + bonus; 1 for AR).",
                     [({}, acc)],
                 ),
+                *self._policy_rows(),
                 ("queue_depth", "gauge", "Requests waiting for a KV row.", [({}, self.queue_depth)]),
                 ("running_requests", "gauge", "Requests holding a KV row.", [({}, self.running)]),
                 ("kv_rows_free", "gauge", "Free KV cache rows.", [({}, self.kv_rows_free)]),

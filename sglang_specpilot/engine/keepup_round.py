@@ -1,0 +1,69 @@
+"""An AR round that keeps the drafter current, so speculation can resume after it (automatic off).
+
+A plain AR round advances only the target's cache. The drafter's cache must hold every position before
+a speculative round's root (``expand_lattice`` feeds only the last two tokens), so after AR rounds it
+would attend to stale slots: still lossless (verification is exact), but the drafts, and with them the
+acceptance that decides whether to speculate again, would be wrong. This round writes the same token
+into the drafter at the same position as the target, one extra draft forward of one token:
+
+    plain drafter   the drafter runs ``[history[seq_len - 1], next_tok]`` at ``seq_len - 1, seq_len``, the
+                    root step of ``expand_lattice``: slot seq_len - 1 is not valid yet after a round
+                    that accepted every draft (its last draft token was never fed)
+    EAGLE-3         the drafter's root window of the last round (its accepted tokens and the root, with
+                    their true features) runs, as the next round would have run it; the AR step's target
+                    feature becomes window entry 0 of the next round, which accepted nothing (n_prev 0)
+    prompt lookup   nothing: it drafts from ``history``, which the AR round writes
+
+The emitted token is the target's own next token, as in ``Round.run``'s AR branch. Tensor ops only:
+captured per bucket like the other rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .draft_tree import _eagle_root, _tril
+from .round import Round, RoundShape, RoundState
+from .sampling import BatchSampling, next_tokens, nonfinite_rows
+
+
+class KeepUpARRound(Round):
+    def __init__(self, spec: Round):
+        super().__init__(spec.target, spec.draft, spec.ngram, RoundShape(0, 0, 1))
+        self.feature_layers = spec.feature_layers
+        # Dense-mask (CPU) attention reads up to the speculative round's reach: the EAGLE-3 window is
+        # depth + 1 wide.
+        self._reach = spec.shape.reach
+        self._pair = torch.arange(2, device=spec.target.device)
+
+    @property
+    def capturable(self) -> bool:
+        return True
+
+    def run(self, st: RoundState, b: int, bs: BatchSampling, max_len: int | None = None) -> None:
+        hist, seq, nxt, use = st.history[:b], st.seq_len[:b], st.next_tok[:b], st.in_use[:b]
+        kv_len = None if max_len is None else max_len + self._reach + 1
+        hist.scatter_(1, seq[:, None], nxt[:, None])
+        pos = seq[:, None]
+        one = self._chain_anc
+        if self.feature_layers is None:
+            logits = self.target.forward(nxt[:, None], pos, pos, seq, one, kv_len)[:, 0]
+            if self.draft is not None:
+                two = torch.cat([hist.gather(1, (seq - 1)[:, None]), nxt[:, None]], 1)
+                pos2 = (seq - 1)[:, None] + self._pair
+                self.draft.forward(two, pos2, pos2, seq - 1, _tril(2, str(seq.device)), kv_len)
+        else:
+            logits, f = self.target.forward(
+                nxt[:, None], pos, pos, seq, one, kv_len, feature_layers=self.feature_layers
+            )
+            logits = logits[:, 0]
+            _eagle_root(self.draft, hist, seq, nxt, st.feats[:b], st.n_prev[:b] * use, kv_len)
+            st.feats[:b, 0] = torch.where(use[:, None], f[:, 0].to(st.feats.dtype), st.feats[:b, 0])
+        if st.n_prev is not None:  # the next round's window starts at its root (TLV's catch-up too)
+            st.n_prev[:b].zero_()
+        bonus = next_tokens(logits, bs)
+        st.out[:b, 0] = bonus
+        st.out[:b, -2] = nonfinite_rows(logits)
+        st.out[:b, -1] = 0
+        seq += use.long()
+        nxt.copy_(torch.where(use, bonus, nxt))

@@ -1,0 +1,135 @@
+"""Automatic off (issue 18): the batch speculates only where S = tau / c > 1, else runs an exact AR round
+that keeps the drafter current; greedy output equals AR and each request alone either way."""
+
+import pytest
+from helpers import WordTokenizer, prompts, tiny_model
+
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.auto_off import AR, PROBE, SPEC, UNMEASURED, AutoOff
+from sglang_specpilot.engine.step_curve import StepCurve
+
+# A planted step curve (ms): a speculative round costs 2.5 AR steps at every batch, so speculation wins
+# only where a row emits more than 2.5 tokens a round.
+CURVE = ((1, 1.0, 2.5), (8, 2.0, 5.0))
+SHAPES = {"chain": {"num_speculative_tokens": 4}, "tree": {"tree_budget": 8, "tree_depth": 4, "tree_top_k": 2}}
+
+
+def _engine(target, draft, shape="chain", **kw):
+    opts = EngineOptions(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", **SHAPES[shape], **kw)
+    return Engine(target, WordTokenizer(), opts, draft)
+
+
+def _ids(eng, ps, n=24):
+    return [r.token_ids for r in eng.generate(ps, SamplingParams(max_new_tokens=n, ignore_eos=True))]
+
+
+def test_curve_interpolates_and_holds_flat_past_the_ends():
+    c = StepCurve.from_triples(((1, 1.0, 2.0), (4, 4.0, 5.0)))
+    assert c.ms("ar", 2) == pytest.approx(2.0) and c.ms("spec", 2) == pytest.approx(3.0)
+    assert c.ms("ar", 64) == 4.0 and c.ms(8, 1) == 2.0  # any speculative kind reads the spec points
+
+
+def test_decision_rule_and_probes():
+    off = AutoOff(StepCurve.from_triples(CURVE), probe_every=4)
+    assert off.decide([3.0, 2.8], 2) == SPEC  # S = 2.9 / 2.5 > 1
+    assert off.decide([2.5], 1) == AR  # S = 1 exactly: not a gain
+    assert [off.decide([1.0], 1) for _ in range(7)] == [AR, AR, PROBE, AR, AR, AR, PROBE]
+    assert off.decide([1.0, None], 1) == UNMEASURED  # a row not measured yet: speculate to measure it
+    assert AutoOff(None, 4).decide([1.0], 1) == UNMEASURED  # no curve: today's behaviour
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_low_acceptance_turns_speculation_off_and_output_is_exact(shape):
+    target = tiny_model("tiny-llama")
+    random_drafter = tiny_model("tiny-llama", seed=7, num_layers=1)  # unrelated weights: accepts ~nothing
+    ps = prompts([5, 9, 3], target.cfg.vocab_size, seed=1)
+    ar = _ids(Engine(target, WordTokenizer(), EngineOptions(max_seq_len=256, device="cpu", dtype="float32")), ps)
+    alone = [_ids(_engine(target, random_drafter, shape), [p])[0] for p in ps]
+    eng = _engine(target, random_drafter, shape, auto_off=True, auto_off_curve=CURVE, auto_off_probe_every=8)
+    assert _ids(eng, ps) == ar == alone
+    d = eng.policy.decisions
+    assert d.get(AR, 0) > 3 * d.get(SPEC, 0) and d.get(PROBE, 0) >= 1  # off, re-tested now and then
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_high_acceptance_keeps_speculation_on(shape):
+    target = tiny_model("tiny-llama")
+    ps = prompts([5, 9, 3], target.cfg.vocab_size, seed=2)
+    ref = _ids(_engine(target, target.truncated(target.num_layers), shape), ps)
+    eng = _engine(target, target.truncated(target.num_layers), shape, auto_off=True, auto_off_curve=CURVE)
+    assert _ids(eng, ps) == ref
+    assert eng.policy.decisions.get(AR, 0) == 0 and eng.policy.decisions.get(SPEC, 0) > 0
+
+
+def test_keepup_round_keeps_the_drafter_current():
+    """After an off stretch the drafter drafts as well as if it had never been off: the target as its
+    own drafter accepts every drafted token at each probe. Without the keep-up (a plain AR round) the
+    drafter would attend to stale slots and the probes would accept less."""
+    target = tiny_model("tiny-llama")
+    (p,) = prompts([6], target.cfg.vocab_size, seed=3)
+    # Planted so that even full acceptance (5 tokens a round) loses: every round is AR, except probes.
+    eng = _engine(target, target.truncated(target.num_layers), auto_off=True, auto_off_curve=((1, 1.0, 9.0),))
+    eng.policy.auto_off.probe_every = 3
+    seen, observe = [], eng.policy.observe
+    eng.policy.observe = lambda row, k, kind: (seen.append((k, kind)), observe(row, k, kind))
+    _ids(eng, [p], n=40)
+    spec = [k for k, kind in seen if kind != "ar"]
+    assert eng.policy.decisions.get(PROBE, 0) >= 3 and len(spec) >= 4
+    assert spec[:-1] == [5] * (len(spec) - 1)  # the last may be cut by max_new_tokens
+    assert sum(kind == "ar" for _, kind in seen) >= len(spec)  # two AR rounds per probe, less the first round
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "ngram"])
+def test_other_drafters_equal_ar(drafter):
+    import torch
+
+    from sglang_specpilot.drafters.eagle3 import init_eagle3
+
+    V = 12
+    target = tiny_model("tiny-llama", vocab_size=V)
+    ps = prompts([5, 11, 3], V, seed=4)
+    base = dict(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32")
+    ar = _ids(Engine(target, WordTokenizer(), EngineOptions(**base)), ps)
+    if drafter == "eagle3":
+        torch.manual_seed(0)
+        draft, extra = init_eagle3(target), {}
+    else:
+        draft, extra = None, {"ngram_size": 2}
+    for curve in (CURVE, ((1, 1.0, 1.1),)):  # off most of the time, then on most of the time
+        opts = EngineOptions(**base, **SHAPES["tree" if drafter == "eagle3" else "chain"], **extra,
+                             auto_off=True, auto_off_curve=curve, auto_off_probe_every=3)  # fmt: skip
+        eng = Engine(target, WordTokenizer(), opts, draft)
+        assert _ids(eng, ps) == ar
+
+
+def test_scheduler_serves_under_auto_off_and_reports_decisions():
+    import threading
+
+    from sglang_specpilot.server.scheduler import Scheduler
+
+    target = tiny_model("tiny-llama")
+    random_drafter = tiny_model("tiny-llama", seed=7, num_layers=1)
+    eng = _engine(target, random_drafter, auto_off=True, auto_off_curve=CURVE)
+    ps = prompts([4, 11, 6], target.cfg.vocab_size, seed=8)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    alone = [eng.generate([p], params)[0].token_ids for p in ps]
+    sched = Scheduler(eng, idle_wait_s=0.05)
+    got = {i: [] for i in range(len(ps))}
+    done = [threading.Event() for _ in ps]
+
+    def sink(i):
+        return lambda ev: (got[i].extend(ev.token_ids), ev.finished and done[i].set())
+
+    sched.start()
+    try:
+        for i, p in enumerate(ps):
+            sched.submit(eng.new_request(p, params), sink(i))
+        assert all(d.wait(60) for d in done)
+    finally:
+        sched.stop()
+    assert [got[i] for i in range(len(ps))] == alone
+    text = sched.metrics.render()
+    assert 'specpilot_speculation_decisions_total{decision="ar"}' in text
+    assert "specpilot_predicted_speculation_speedup" in text
+    assert "speculation_decisions_total" not in Scheduler(_engine(target, random_drafter)).metrics.render()
