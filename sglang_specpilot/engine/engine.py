@@ -148,7 +148,10 @@ class Engine:
             if self.captured is not None and r.capturable
         }
         curve = StepCurve.from_triples(options.auto_off_curve) if options.auto_off_curve else None
-        self.policy = SpecPolicy(self, curve) if self.kinds else None
+        if options.shared_budget is not None:
+            for rnd in (self.round, *self.kinds.values()):
+                rnd.shared_budget = options.shared_budget if rnd.shape.depth else None
+        self.policy = SpecPolicy(self, curve) if self.kinds or options.shared_budget is not None else None
         self.colocated = None
         if options.colocate:
             if draft is None:

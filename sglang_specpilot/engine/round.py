@@ -36,6 +36,7 @@ from .ngram import ngram_draft
 from .ngram_tree import ngram_tree
 from .runner import ModelRunner
 from .sampling import BatchSampling, next_tokens, nonfinite_rows, probs_from_logits, sample_from_probs
+from .shared_budget import shared_keep
 from .spec import accepted_length, chain_accept_sampling
 
 
@@ -125,6 +126,7 @@ class Round:
         self._chain_anc, self._chain_depth = causal_tree(n, dev)
         self._block_slots = torch.arange(n, device=dev)
         self._path = torch.arange(shape.depth + 1, device=dev)
+        self.shared_budget: int | None = None  # verify nodes shared by the batch (``shared_budget``)
 
     @property
     def capturable(self) -> bool:
@@ -132,7 +134,7 @@ class Round:
         return not (self.shape.depth and self.draft is None and not self.shape.chain)
 
     # ---- draft ------------------------------------------------------------------------------------
-    def _draft(self, hist, seq, nxt, bs: BatchSampling, kv_len, features=None):
+    def _draft(self, hist, seq, nxt, bs: BatchSampling, kv_len, features=None, use=None):
         """-> (tokens [B, N], parents [B, N] or None for a chain, accept tokens, commit info, q or None)."""
         D, K, N = self.shape.depth, self.shape.top_k, self.shape.budget
         if self.draft is None:
@@ -154,9 +156,12 @@ class Round:
         if self.shape.chain:  # the lattice of a chain is the chain: candidate i is draft token i + 1
             return lattice.tokens[:, :, 0], None, None, None, qs
         tree = best_first(lattice, N)
+        accept = tree.tokens
+        if self.shared_budget is not None and use is not None:  # one budget over the batch: padding is -1
+            accept = torch.where(shared_keep(tree.scores, use, self.shared_budget), tree.tokens, -1)
         # An EAGLE-3 drafter's next round re-runs the accepted tokens with true features: no draft commit.
         commit = None if features is not None else (tree.candidates, expanded_by)
-        return tree.tokens, tree.parents, tree.tokens, commit, None
+        return tree.tokens, tree.parents, accept, commit, None
 
     # ---- the round --------------------------------------------------------------------------------
     def run(self, st: RoundState, b: int, bs: BatchSampling, max_len: int | None = None) -> None:
@@ -177,19 +182,23 @@ class Round:
             st.out[:b, -2] = nonfinite_rows(logits)
         elif self.feature_layers is not None:
             features = (st.feats[:b], st.n_prev[:b] * use)  # rows not in use start their window at seq_len
-            drafted = self._draft(hist, seq, nxt, bs, kv_len, features)
+            drafted = self._draft(hist, seq, nxt, bs, kv_len, features, **self._shared(use))
             bonus, n = self.verify(
                 hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=st.out[:b], feats_out=(st.feats[:b, : D + 1], use)
             )
             st.n_prev[:b] = n * use
         else:
-            bonus, n = self._spec(hist, seq, nxt, bs, kv_len, st.out[:b])
+            bonus, n = self._spec(hist, seq, nxt, bs, kv_len, st.out[:b], use)
         st.out[:b, -1] = n
         seq += (n + 1) * use
         nxt.copy_(torch.where(use, bonus, nxt))
 
-    def _spec(self, hist, seq, nxt, bs: BatchSampling, kv_len, out):
-        drafted = self._draft(hist, seq, nxt, bs, kv_len)
+    def _shared(self, use) -> dict:
+        # Rows in use reach the draft only under a shared node budget (the default call is unchanged).
+        return {} if self.shared_budget is None else {"use": use}
+
+    def _spec(self, hist, seq, nxt, bs: BatchSampling, kv_len, out, use=None):
+        drafted = self._draft(hist, seq, nxt, bs, kv_len, **self._shared(use))
         return self.verify(hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=out)
 
     def verify(

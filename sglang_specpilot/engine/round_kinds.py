@@ -59,6 +59,7 @@ class SpecPolicy:
         self.auto_off = AutoOff(curve, opts.auto_off_probe_every) if opts.auto_off else None
         self.decisions: dict[str, int] = {}  # automatic off: spec / ar / probe / unmeasured
         self.depth_rounds: dict[int, int] = {}  # adaptive length: rounds run at each depth
+        self.shared = opts.shared_budget is not None
         self.shared_rounds = 0  # rounds run under the shared node budget (``shared_budget``)
         self._depth: int | None = None
 
@@ -81,6 +82,7 @@ class SpecPolicy:
                 depth, key = self.main_depth, None
         self._depth = depth
         self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
+        self.shared_rounds += self.shared
         return key
 
     def depth_of(self, key) -> int:

@@ -1,0 +1,69 @@
+"""The shared node budget (issue 18): never over its size, every row's share a prefix-closed tree, rows
+not in use take nothing, and greedy output under it equals AR and each request alone."""
+
+import pytest
+import torch
+from helpers import WordTokenizer, prompts, tiny_model
+
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.shared_budget import shared_keep
+from tree_verify import best_first
+from tree_verify.lattice import Lattice
+
+
+def _random_trees(B, depth, k, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    E = 1 + (depth - 1) * k
+    lp = torch.log_softmax(torch.randn(B, E, k, generator=g), -1)
+    parents = torch.cat([torch.full((B, 1), -1), torch.arange(1, E).expand(B, E - 1) - 1], 1)
+    # expansion e > 0 expands candidate (e - 1): a valid lattice of parent candidates before it
+    lat = Lattice(parents=parents, tokens=torch.randint(0, 50, (B, E, k), generator=g), logprobs=lp)
+    return best_first(lat, N)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("total", [1, 5, 17, 40, 1000])
+def test_budget_never_exceeded_and_every_share_is_prefix_closed(seed, total):
+    B, N = 5, 12
+    tree = _random_trees(B, 4, 3, N, seed)
+    use = torch.tensor([True, True, False, True, True])
+    keep = shared_keep(tree.scores, use, total)
+    assert int(keep.sum()) == min(total, int(use.sum()) * N)
+    assert not keep[~use].any()
+    for b in range(B):
+        for i in range(N):
+            p = int(tree.parents[b, i])
+            if keep[b, i] and p >= 0:
+                assert keep[b, p], (b, i, p)  # a kept node's parent is kept: prefix-closed
+        # and the share is the row's best nodes: no dropped node scores above a kept one
+        if keep[b].any() and (~keep[b]).any():
+            assert tree.scores[b][keep[b]].min() >= tree.scores[b][~keep[b]].max()
+    # globally: every kept node scores at least as high as every dropped node of a row in use
+    dropped = (~keep) & use[:, None]
+    if keep.any() and dropped.any():
+        assert tree.scores[keep].min() >= tree.scores[dropped].max()
+
+
+def _ids(eng, ps, n=24):
+    return [r.token_ids for r in eng.generate(ps, SamplingParams(max_new_tokens=n, ignore_eos=True))]
+
+
+@pytest.mark.parametrize("total", [3, 10])
+def test_greedy_under_the_shared_budget_equals_alone_and_ar(total):
+    target = tiny_model("tiny-llama")
+    draft = target.truncated(2)
+    ps = prompts([5, 9, 3, 12], target.cfg.vocab_size, seed=6)
+    base = dict(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32")
+    ar = _ids(Engine(target, WordTokenizer(), EngineOptions(**base)), ps)
+    tree = dict(tree_budget=8, tree_depth=4, tree_top_k=2)
+    eng = Engine(target, WordTokenizer(), EngineOptions(**base, **tree, shared_budget=total), draft)
+    alone = [_ids(eng, [p])[0] for p in ps]
+    assert _ids(eng, ps) == ar == alone
+    assert eng.policy.shared_rounds > 0
+    assert eng.batch.round_tokens > eng.batch.rounds  # drafts were accepted within the shares
+
+
+def test_shared_budget_needs_trees():
+    with pytest.raises(ValueError, match="tree"):
+        EngineOptions(shared_budget=8, device="cpu")
