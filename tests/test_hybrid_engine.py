@@ -163,3 +163,22 @@ def test_planted_round_commit_equals_recompute(strat, width, rank, correct_depth
     want = ref.step(torch.tensor([full]), torch.tensor([0]), *causal_tree(len(full)))[0, -1]
     torch.testing.assert_close(step, want, rtol=0, atol=1e-10)
     torch.testing.assert_close(runner.recurrent.ssm, ref.recurrent.ssm, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("strat", ["stock", "path"])
+def test_auto_off_on_a_hybrid_target_equals_ar(strat):
+    # Automatic off's AR rounds (engine/keepup_round.py) step the target one token at a time; the runner
+    # commits a hybrid target's recurrent state on such steps itself, so speculation switching off and
+    # back on (probes) keeps the state exact: the output is AR's.
+    target = tiny_model("tiny-hybrid")
+    ps = prompts([7, 12, 4], target.cfg.vocab_size, seed=11)
+    ar = ids(make_engine(target), ps)
+    # Speculation costs 2.5x an AR step: the attention-only drafter's acceptance cannot pay for it.
+    curve = ((1, 1.0, 2.5), (8, 2.0, 5.0))
+    opts = dict(num_speculative_tokens=3, gdn_verify=strat, auto_off=True, auto_off_curve=curve)
+    eng = make_engine(target, target.attention_only(), auto_off_probe_every=4, **opts)
+    assert ids(eng, ps) == ar
+    from sglang_specpilot.engine.auto_off import AR, PROBE
+
+    d = eng.policy.decisions
+    assert d.get(AR, 0) > 0 and d.get(PROBE, 0) >= 1  # it did switch off, and re-tested while off
