@@ -24,15 +24,12 @@ import torch
 
 from .draft_tree import _eagle_root, _tril
 from .round import Round, RoundShape, RoundState
-from .sampling import BatchSampling, next_tokens, nonfinite_rows
 
 
 class KeepUpARRound(Round):
     def __init__(self, spec: Round):
         super().__init__(spec.target, spec.draft, spec.ngram, RoundShape(0, 0, 1))
         self.feature_layers = spec.feature_layers
-        # Dense-mask (CPU) attention reads up to the speculative round's reach: the EAGLE-3 window is
-        # depth + 1 wide.
         self._reach = spec.shape.reach
         self._pair = torch.arange(2, device=spec.target.device)
 
@@ -40,30 +37,29 @@ class KeepUpARRound(Round):
     def capturable(self) -> bool:
         return True
 
-    def run(self, st: RoundState, b: int, bs: BatchSampling, max_len: int | None = None) -> None:
+    @property
+    def _kv_reach(self) -> int:
+        # Dense-mask (CPU) attention reads up to the speculative round's reach: the EAGLE-3 window is
+        # depth + 1 wide.
+        return self._reach
+
+    def _ar_logits(self, st: RoundState, b: int, kv_len) -> torch.Tensor:
+        """``Round``'s AR step, plus the drafter's step over the same position (see the module docstring)."""
         hist, seq, nxt, use = st.history[:b], st.seq_len[:b], st.next_tok[:b], st.in_use[:b]
-        kv_len = None if max_len is None else max_len + self._reach + 1
-        hist.scatter_(1, seq[:, None], nxt[:, None])
-        pos = seq[:, None]
-        one = self._chain_anc
         if self.feature_layers is None:
-            logits = self.target.forward(nxt[:, None], pos, pos, seq, one, kv_len)[:, 0]
+            logits = super()._ar_logits(st, b, kv_len)
             if self.draft is not None:
                 two = torch.cat([hist.gather(1, (seq - 1)[:, None]), nxt[:, None]], 1)
                 pos2 = (seq - 1)[:, None] + self._pair
                 self.draft.forward(two, pos2, pos2, seq - 1, _tril(2, str(seq.device)), kv_len)
         else:
+            pos = seq[:, None]
             logits, f = self.target.forward(
-                nxt[:, None], pos, pos, seq, one, kv_len, feature_layers=self.feature_layers
+                nxt[:, None], pos, pos, seq, self._chain_anc, kv_len, feature_layers=self.feature_layers
             )
             logits = logits[:, 0]
             _eagle_root(self.draft, hist, seq, nxt, st.feats[:b], st.n_prev[:b] * use, kv_len)
             st.feats[:b, 0] = torch.where(use[:, None], f[:, 0].to(st.feats.dtype), st.feats[:b, 0])
         if st.n_prev is not None:  # the next round's window starts at its root (TLV's catch-up too)
             st.n_prev[:b].zero_()
-        bonus = next_tokens(logits, bs)
-        st.out[:b, 0] = bonus
-        st.out[:b, -2] = nonfinite_rows(logits)
-        st.out[:b, -1] = 0
-        seq += use.long()
-        nxt.copy_(torch.where(use, bonus, nxt))
+        return logits

@@ -171,11 +171,10 @@ class Round:
         """
         hist, seq, nxt, use = st.history[:b], st.seq_len[:b], st.next_tok[:b], st.in_use[:b]
         D = self.shape.depth
-        kv_len = None if max_len is None else max_len + self.shape.reach + 1
+        kv_len = None if max_len is None else max_len + self._kv_reach + 1
         if not D:
             hist.scatter_(1, seq[:, None], nxt[:, None])
-            pos = seq[:, None]
-            logits = self.target.forward(nxt[:, None], pos, pos, seq, self._chain_anc, kv_len)[:, 0]
+            logits = self._ar_logits(st, b, kv_len)
             bonus = next_tokens(logits, bs)
             n = torch.zeros_like(seq)
             st.out[:b, 0] = bonus
@@ -192,6 +191,18 @@ class Round:
         st.out[:b, -1] = n
         seq += (n + 1) * use
         nxt.copy_(torch.where(use, bonus, nxt))
+
+    @property
+    def _kv_reach(self) -> int:
+        # Slots past the longest row that dense-mask (CPU) attention reads: what this round writes.
+        return self.shape.reach
+
+    def _ar_logits(self, st: RoundState, b: int, kv_len) -> torch.Tensor:
+        """The AR step's target logits [b, V] for ``next_tok`` at ``seq_len`` (round kinds that step other
+        caches beside it override this)."""
+        seq, nxt = st.seq_len[:b], st.next_tok[:b]
+        pos = seq[:, None]
+        return self.target.forward(nxt[:, None], pos, pos, seq, self._chain_anc, kv_len)[:, 0]
 
     def _shared(self, use) -> dict:
         # Rows in use reach the draft only under a shared node budget (the default call is unchanged).
