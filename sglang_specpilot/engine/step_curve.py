@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import bisect
 
-import torch
-
 
 class StepCurve:
     """Milliseconds per round by kind ("ar", or a speculative round's key) and rows."""
@@ -57,13 +55,7 @@ class StepCurve:
 def measure(replay, reps: int = 20) -> float:
     """Median milliseconds of ``replay()`` (a captured round) on the current CUDA stream, after one warm
     replay. Only at warm-up, with no row in use: replays then write only into free rows, advancing nothing."""
-    replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+    from ..harness.timing import cuda_times_ms
+
+    times = cuda_times_ms(replay, reps, warmup=1)
     return sorted(times)[len(times) // 2]

@@ -218,3 +218,19 @@ def _time_cuda(runners: list[_Rotation], slots: list[int], blocks: int, inner: i
                 end.record()
         torch.cuda.synchronize()
         return np.array([[s.elapsed_time(e) * 1e-3 / inner for s, e in block] for block in events])
+
+
+def cuda_times_ms(fn, iters: int, warmup: int = 3) -> list[float]:
+    """Per-call milliseconds of ``fn`` by CUDA events (one event pair per call)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out

