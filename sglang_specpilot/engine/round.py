@@ -179,15 +179,16 @@ class Round:
             n = torch.zeros_like(seq)
             st.out[:b, 0] = bonus
             st.out[:b, -2] = nonfinite_rows(logits)
-        elif self.feature_layers is not None:
-            features = (st.feats[:b], st.n_prev[:b] * use)  # rows not in use start their window at seq_len
-            drafted = self._draft(hist, seq, nxt, bs, kv_len, features, **self._shared(use))
-            bonus, n = self.verify(
-                hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=st.out[:b], feats_out=(st.feats[:b, : D + 1], use)
-            )
-            st.n_prev[:b] = n * use
         else:
-            bonus, n = self._spec(hist, seq, nxt, bs, kv_len, st.out[:b], use)
+            draft_kw, feats_out = self._shared(use), None
+            if self.feature_layers is not None:
+                # Rows not in use start their window at seq_len.
+                draft_kw["features"] = (st.feats[:b], st.n_prev[:b] * use)
+                feats_out = (st.feats[:b, : D + 1], use)
+            drafted = self._draft(hist, seq, nxt, bs, kv_len, **draft_kw)
+            bonus, n = self.verify(hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=st.out[:b], feats_out=feats_out)
+            if self.feature_layers is not None:
+                st.n_prev[:b] = n * use
         st.out[:b, -1] = n
         seq += (n + 1) * use
         nxt.copy_(torch.where(use, bonus, nxt))
@@ -207,10 +208,6 @@ class Round:
     def _shared(self, use) -> dict:
         # Rows in use reach the draft only under a shared node budget (the default call is unchanged).
         return {} if self.shared_budget is None else {"use": use}
-
-    def _spec(self, hist, seq, nxt, bs: BatchSampling, kv_len, out, use=None):
-        drafted = self._draft(hist, seq, nxt, bs, kv_len, **self._shared(use))
-        return self.verify(hist, seq, nxt, *drafted, bs=bs, kv_len=kv_len, out=out)
 
     def verify(
         self,
