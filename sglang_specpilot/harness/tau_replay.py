@@ -76,7 +76,8 @@ class _EagleReplay:
     expansion slots get their true-feature K/V back.
     """
 
-    def __init__(self, target, draft, seq: list[int], prompt_len: int, depth: int, top_k: int):
+    def __init__(self, target, draft, seq: list[int], prompt_len: int, depth: int, top_k: int, feats=None):
+        """``feats``: the target features of ``seq`` from another replay of the same text (else computed)."""
         self.dev = draft.embed.weight.device
         self.draft, self.L, self.depth, self.top_k = draft, prompt_len, depth, top_k
         self.E = 1 + (depth - 1) * top_k
@@ -86,9 +87,11 @@ class _EagleReplay:
         self.history = torch.zeros(1, width + scratch, dtype=torch.long, device=self.dev)
         self.history[0, : len(seq)] = torch.tensor(seq, device=self.dev)
         x = self.history[:, : len(seq)]
-        tgt = ModelRunner(target, 1, width, cuda_graphs=False, scratch_slots=scratch)
-        _, feats = tgt.step(x, zero, *causal_tree(len(seq), self.dev), eager=True, feature_layers=draft.feature_layers)
-        del tgt
+        if feats is None:
+            tgt = ModelRunner(target, 1, width, cuda_graphs=False, scratch_slots=scratch)
+            anc, depth_ = causal_tree(len(seq), self.dev)
+            _, feats = tgt.step(x, zero, anc, depth_, eager=True, feature_layers=draft.feature_layers)
+            del tgt
         self.feats = feats  # [1, S, F]: target features at every position of the text
         self.runner = ModelRunner(draft, 1, width, cuda_graphs=False, scratch_slots=scratch)
         self._fill(0, len(seq))
@@ -131,7 +134,7 @@ def _eagle_tau(target, draft, prompt, g, depth, top_k, budgets, add) -> None:
     chain = _EagleReplay(target, draft, seq, len(prompt), depth, 1)
     T = len(g)
     add("chain", replay(T, lambda t: accepted_on_truth(_single(best_first(chain.lattice(t), depth)), g[t:])))
-    rep = _EagleReplay(target, draft, seq, len(prompt), depth, top_k)
+    rep = _EagleReplay(target, draft, seq, len(prompt), depth, top_k, feats=chain.feats)  # one target pass
     for n in budgets:
         add(f"tree{n}", replay(T, lambda t, n=n: accepted_on_truth(_single(best_first(rep.lattice(t), n)), g[t:])))
 
