@@ -147,7 +147,8 @@ def test_results_command_writes_the_headline_and_the_tables(tmp_path):
     cell += f"({m['smollm2_lookup_speedup_vs_ar_bs1']:.2f}x) |"
     # The commit of the run that measured the row's metrics (a merged file holds several runs).
     commit = str(by.get("smollm2_lookup_tok_s_bs1", lookup["commit"]))[:7]
-    assert f"| `{commit}` |" in rows[0] and cell in rows[0]
+    dirty = any(r.get("dirty") for r in lookup.get("runs", []) if str(r.get("commit"))[:7] == commit)
+    assert f"| `{commit}`{' (dirty)' if dirty else ''} |" in rows[0] and cell in rows[0]
     assert rows[-1].startswith("| CPU |") and "| 12.04 |" in rows[-1]
     assert "### rounds · NVIDIA H200" in full and "### w12_bits · cpu" in full and "| metric |" not in head
     # A changed measurement changes the generated cell.

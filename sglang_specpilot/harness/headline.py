@@ -142,8 +142,11 @@ def render_headline(results_dir: Path, rows: Sequence[Headline] = HEADLINES) -> 
         # A merged file (benchmarks/merge_results.py) says which run measured each metric.
         by_metric = doc.get("metric_commits", {})
         commits = sorted({str(by_metric[m])[:7] for m in metrics.read if m in by_metric})
+        dirty = doc.get("dirty")
+        if commits and doc.get("runs"):  # dirty only if a run that measured the row's metrics was
+            dirty = any(r.get("dirty") for r in doc["runs"] if str(r.get("commit"))[:7] in commits)
         commits = commits or [str(doc.get("commit", "unknown"))[:7]]
-        commit = ", ".join(f"`{c}`" for c in commits) + (" (dirty)" if doc.get("dirty") else "")
+        commit = ", ".join(f"`{c}`" for c in commits) + (" (dirty)" if dirty else "")
         gpu = gpu_label(str(doc.get("gpu", "?")))
         lines.append(f"| {gpu} | {row.model} | {row.batch} | {row.what} | {cell} | {commit} |")
     return "\n".join(lines) + "\n"
