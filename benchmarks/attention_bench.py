@@ -12,9 +12,20 @@ write bytes) and a 1 GiB sum (read bytes). On the project's H200 the copy read 2
 runs), under the 4.3 TB/s of an eager copy elsewhere, hence the sum beside it.
 
     python benchmarks/attention_bench.py [--results-dir DIR] [--old PATH_TO_OLD_MODULE]
+    python benchmarks/attention_bench.py --sweep [--regime decode|tree|both] [--budget-s 80] [--results-dir DIR]
 
 ``measure_attention(device)`` returns the metrics; ``attention_over_floor_{1,64}rows_{1k,4k}`` is the step
 time over the floor (the goal: <= 2 at 4k, <= 3 at 1k).
+
+``--sweep`` first times each launch shape of SWEEP (per regime: decode = 1 row, tree = 64 rows) at both
+contexts through the kernel's launcher, checked against the reference (error, determinism, tickets left
+zero), and scores it by its worse context against the goal (max over contexts of x floor / goal). The
+capacity is static, so one shape must serve both contexts, as in the engine. It prints each regime's best
+as the ``TUNING`` entry of ``kernels/tree_attention.py`` that reproduces it, then the default measurement
+(what ``measure_attention`` reports, with the table as committed), and writes both to
+``attention_bench.json`` under ``--results-dir`` (default $OUT). A time budget (``--budget-s``, counted
+from the start) stops the sweep early so the run stays within 90 s on the H200; the first shape of each
+list is the table's current choice.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -154,6 +166,129 @@ def measure_attention(device: str = "cuda", old=None) -> dict:
     return res
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The sweep: launch shapes per regime, each at both contexts
+# ---------------------------------------------------------------------------------------------------------
+
+GOAL = {1024: 3.0, 4096: 2.0}  # x floor, by context
+REGIME_ROWS = {"decode": 1, "tree": 64}
+
+
+def _sweep_configs():
+    from sglang_specpilot.kernels.tree_attention import Config as C
+
+    # (block_r, block_s, num_splits, min_split_blocks, num_warps, num_stages[, merge_elems]); the first of
+    # each list is the committed table's choice at this shape. Ordered by promise: the budget may cut the tail.
+    return {
+        "decode": [
+            C(16, 128, 32, 1, 4, 2),
+            C(16, 128, 16, 1, 4, 2),
+            C(16, 64, 32, 1, 4, 3),
+            C(16, 64, 16, 1, 4, 3),
+            C(16, 64, 64, 2, 4, 3),
+            C(16, 64, 32, 4, 4, 3),
+            C(16, 128, 16, 1, 8, 2),
+            C(16, 256, 16, 1, 8, 2),
+            C(16, 256, 8, 1, 8, 2),
+            C(16, 128, 32, 1, 8, 3),
+            C(16, 64, 64, 1, 4, 2),
+            C(16, 32, 64, 1, 4, 3),
+            C(16, 128, 64, 1, 4, 2),
+            C(16, 128, 32, 1, 4, 2, 4096),
+        ],
+        "tree": [
+            C(64, 64, 4, 1, 4, 3),
+            C(128, 64, 4, 1, 8, 3),
+            C(256, 64, 4, 1, 16, 2),
+            C(64, 64, 3, 1, 4, 3),
+            C(64, 64, 8, 1, 4, 3),
+            C(128, 64, 8, 1, 8, 3),
+            C(256, 64, 8, 1, 16, 2),
+            C(64, 128, 4, 1, 4, 2),
+            C(128, 128, 4, 1, 8, 2),
+            C(64, 64, 4, 1, 8, 3),
+            C(64, 32, 4, 1, 4, 3),
+            C(128, 64, 2, 1, 8, 3),
+            C(256, 32, 8, 1, 16, 3),
+            C(64, 64, 2, 1, 4, 3),
+        ],
+    }
+
+
+def tuning_entry(cfg, rows: int, num_sms: int) -> str:
+    """The ``TUNING`` line of kernels/tree_attention.py that makes pick_config return ``cfg`` at batch 1 on
+    this shape (``waves`` = splits per whole set of row programs per num_sms SMs)."""
+    programs = HKV * -(-rows * G // cfg.block_r)
+    waves = cfg.num_splits / max(1, num_sms // programs)
+    return (
+        f"Tuning({cfg.block_r}, {cfg.block_r}, block_s={cfg.block_s}, num_warps={cfg.num_warps},"
+        f" num_stages={cfg.num_stages}, waves={round(waves, 4)}, min_split_blocks={cfg.min_split_blocks},"
+        f" merge_elems={cfg.merge_elems})"
+    )
+
+
+def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
+    """Time every SWEEP shape of ``regimes`` at both contexts until ``deadline`` (time.monotonic())."""
+    ta = importlib.import_module("sglang_specpilot.kernels.tree_attention")
+    num_sms = ta._num_sms(device)
+    tickets = ta._tickets(device, 4096)
+    configs = _sweep_configs()
+    out: dict = {}
+    for regime in regimes:
+        nq = REGIME_ROWS[regime]
+        steps = {ctx: make_step(nq, ctx, device) for ctx in CONTEXTS}
+        floors = {ctx: LAYERS * live_bytes(nq, ctx) / bw / 1e3 for ctx in CONTEXTS}
+        # Split the time left between the regimes still to come.
+        share = (deadline - time.monotonic()) / (len(regimes) - regimes.index(regime))
+        stop = time.monotonic() + share
+        rows, skipped = [], []
+        for cfg in configs[regime]:
+            if time.monotonic() > stop:
+                skipped.append(list(cfg))
+                continue
+            rec = {"config": cfg._asdict(), "ok": True}
+
+            def fn(q, k, v, s, a, cfg=cfg):
+                return ta._launch(q, k, v, s, a, tickets, D**-0.5, cfg)
+
+            try:
+                for ctx in CONTEXTS:
+                    q, seq_len, anc = steps[ctx]
+                    err = check(fn, layers, q, seq_len, anc)
+                    zero = not bool(tickets.any())
+                    us = time_step(fn, layers, q, seq_len, anc)
+                    tag = f"{ctx // 1024}k"
+                    rec |= {f"err_{tag}": err, f"us_{tag}": round(us, 2), f"x_{tag}": round(us / floors[ctx], 3)}
+                    rec["ok"] &= err < 2e-2 and zero
+            except Exception as e:  # out of shared memory / registers: record and go on
+                rec |= {"ok": False, "error": repr(e)[:300]}
+            if rec["ok"]:
+                rec["score"] = round(max(rec[f"x_{c // 1024}k"] / GOAL[c] for c in CONTEXTS), 3)
+            rows.append(rec)
+            print(regime, _cfg_str(cfg), _rec_str(rec), flush=True)
+        good = [r for r in rows if r["ok"]]
+        best = min(good, key=lambda r: r["score"]) if good else None
+        out[regime] = {"rows": nq, "floor_us": {str(c): round(f, 2) for c, f in floors.items()}, "results": rows}
+        out[regime] |= {"skipped": skipped, "best": best}
+        if best is not None:
+            cfg = ta.Config(**best["config"])
+            out[regime]["tuning"] = f'"{regime}": ' + tuning_entry(cfg, nq, num_sms) + ","
+    return out
+
+
+def _cfg_str(cfg) -> str:
+    return "r{} s{} x{} min{} w{} st{} m{}".format(*cfg)
+
+
+def _rec_str(rec) -> str:
+    if "error" in rec:
+        return "FAILED " + rec["error"][:120]
+    parts = [
+        f"{rec[f'us_{c // 1024}k']:.1f} us x{rec[f'x_{c // 1024}k']:.2f}" for c in CONTEXTS if f"us_{c // 1024}k" in rec
+    ]
+    return " | ".join(parts) + (f" score {rec['score']:.2f}" if rec["ok"] else " WRONG")
+
+
 def load_module(path: str):
     spec = importlib.util.spec_from_file_location("tree_attention_old", path)
     mod = importlib.util.module_from_spec(spec)
@@ -162,28 +297,55 @@ def load_module(path: str):
 
 
 def main(argv=None) -> int:
+    t0 = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results-dir", default=None, help="write attention_bench.json here")
+    ap.add_argument("--results-dir", default=os.environ.get("OUT"), help="write attention_bench.json here")
     ap.add_argument("--old", default=None, help="a module file with an older tree_attention to time beside")
+    ap.add_argument("--sweep", action="store_true", help="time the SWEEP launch shapes first, report the best")
+    ap.add_argument("--regime", choices=("decode", "tree", "both"), default="both")
+    ap.add_argument("--budget-s", type=float, default=75.0, help="the sweep stops this long after the start")
     args = ap.parse_args(argv)
     old = load_module(args.old).tree_attention if args.old else None
+    swept = None
+    if args.sweep:
+        device = torch.device("cuda")
+        bw = hbm_GBps(device)["GBps"]
+        regimes = ["decode", "tree"] if args.regime == "both" else [args.regime]
+        # Leave ~8 s for the default measurement after the sweep (its kernels are compiled by then).
+        swept = sweep(device, make_layers(device), bw, regimes, t0 + args.budget_s - 8)
+        torch.cuda.empty_cache()
     res = measure_attention("cuda", old)
-    hbm = res["hbm"]
-    print(
-        f"HBM {hbm['GBps']:.0f} GB/s (copy {hbm['copy_GBps']:.0f}, read {hbm['read_GBps']:.0f}); {LAYERS} layers,"
-        f" capacity {CAPACITY} slots"
-    )
-    head = f"{'rows':>5} {'ctx':>6} {'floor us':>9} {'new us':>8} {'x floor':>8}"
-    print(head + (f" {'old us':>8} {'x floor':>8}" if old else ""))
-    for r in res["shapes"]:
-        line = f"{r['rows']:>5} {r['context']:>6} {r['floor_us']:>9.1f} {r['new_us']:>8.1f} {r['new_over_floor']:>8.2f}"
-        print(line + (f" {r['old_us']:>8.1f} {r['old_over_floor']:>8.2f}" if old else ""))
+    if swept is not None:
+        res["sweep"] = swept
     if args.results_dir:
         os.makedirs(args.results_dir, exist_ok=True)
         path = os.path.join(args.results_dir, "attention_bench.json")
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
         print("wrote", path)
+    hbm = res["hbm"]
+    print(
+        f"HBM {hbm['GBps']:.0f} GB/s (copy {hbm['copy_GBps']:.0f}, read {hbm['read_GBps']:.0f}); {LAYERS} layers,"
+        f" capacity {CAPACITY} slots; {time.monotonic() - t0:.0f} s"
+    )
+    for regime, r in (swept or {}).items():
+        best = r["best"]
+        tried = len(r["results"])
+        if best is None:
+            print(f"sweep {regime}: no shape passed ({tried} tried)")
+            continue
+        cut = len(r["skipped"])
+        print(f"sweep {regime} best of {tried} ({cut} cut by the budget): {_cfg_str(best['config'].values())}")
+        print(f"    {_rec_str(best)}")
+        print("    TUNING", r["tuning"])
+    head = f"{'rows':>5} {'ctx':>6} {'floor us':>9} {'new us':>8} {'x floor':>8} {'goal':>5}"
+    print(head + (f" {'old us':>8} {'x floor':>8}" if old else ""))
+    for r in res["shapes"]:
+        line = (
+            f"{r['rows']:>5} {r['context']:>6} {r['floor_us']:>9.1f} {r['new_us']:>8.1f} {r['new_over_floor']:>8.2f}"
+            f" {GOAL[r['context']]:>5.1f}"
+        )
+        print(line + (f" {r['old_us']:>8.1f} {r['old_over_floor']:>8.2f}" if old else ""))
     return 0
 
 

@@ -24,6 +24,7 @@ from sglang_specpilot.kernels.tree_attention import (
     default_num_splits,
     pick_config,
     row_block,
+    split_count,
     tree_attention,
     tree_attention_ref,
 )
@@ -61,8 +62,8 @@ def expansion_anc(n: int, w: int, gen: torch.Generator) -> torch.Tensor:
     return tree[torch.randperm(w, generator=gen)[:n]]
 
 
-def make_case(batch, n, groups, head_dim, seq_lens, anc_kind, dtype=torch.float32, kv_heads=2, seed=0, win=None):
-    """q [batch, n, ...], caches of S slots, seq_len, anc [n, win] (or [batch, n, win]); win defaults to n.
+def make_case(batch, n, groups, head_dim, seq_lens, anc_kind, dtype=torch.float32, kv_heads=2, seed=0, win=None, cap=S):
+    """q [batch, n, ...], caches of cap slots, seq_len, anc [n, win] (or [batch, n, win]); win defaults to n.
 
     anc kinds: "chain", "tree" (shared, square), "per_request" (a tree per request), "expansion" (shared
     [n, win], see ``expansion_anc``), "expansion_per_request". In the expansion kinds the window slots that
@@ -72,8 +73,8 @@ def make_case(batch, n, groups, head_dim, seq_lens, anc_kind, dtype=torch.float3
     win = n if win is None else win
     # One spare cache row: rows past the batch must be ignored.
     q = torch.randn(batch, n, kv_heads * groups, head_dim, generator=gen)
-    k = torch.randn(batch + 1, S, kv_heads, head_dim, generator=gen)
-    v = torch.randn(batch + 1, S, kv_heads, head_dim, generator=gen)
+    k = torch.randn(batch + 1, cap, kv_heads, head_dim, generator=gen)
+    v = torch.randn(batch + 1, cap, kv_heads, head_dim, generator=gen)
     if anc_kind == "chain":
         anc = chain_anc(n)
     elif anc_kind == "tree":
@@ -171,6 +172,24 @@ def test_row_block():
     assert row_block(24, 1, 8, 132) == 32
     assert row_block(256, 8, 8, 132) == 128  # 128 programs: big tiles
     assert row_block(256, 1, 8, 132) == 64  # 16 programs: more, smaller tiles
+
+
+def test_row_block_small_grid_tile():
+    # The tuning table's small-grid tile: 128-row tiles kept at batch 1 when the table says so.
+    assert row_block(256, 1, 8, 132, max_block_r=128, small_grid_block_r=128) == 128
+    assert row_block(256, 1, 8, 132, max_block_r=256, small_grid_block_r=256) == 256
+    assert row_block(24, 1, 8, 132, max_block_r=256, small_grid_block_r=64) == 32
+
+
+def test_split_count():
+    # waves x whole sets of row programs per 132 SMs: 16 sets of 8 (decode), 8 sets of 16 (128-row trees).
+    assert split_count(8, 4224, 128, 132, 2.0) == 32
+    assert split_count(16, 4224, 64, 132, 0.5) == 4
+    assert split_count(32, 4224, 64, 132, 0.75) == 3
+    # Capped by the cache's blocks and MAX_SPLITS; never below one.
+    assert split_count(8, 200, 64, 132, 2.0) == 4
+    assert split_count(1, 1 << 20, 64, 132, 4.0) == 64
+    assert split_count(512, 4224, 64, 132, 1.0) == 1
 
 
 def test_cpu_falls_back_to_reference():
@@ -290,6 +309,62 @@ def test_kernel_scale_and_int32_seq_len():
     q, k, v, seq_len, anc = make_case(2, 3, 2, 32, [17, 130], "chain")
     out = tree_attention(q, k, v, seq_len.int(), anc, scale=0.3, num_splits=2)
     assert_close(out, tree_attention_ref(q, k, v, seq_len, anc, scale=0.3), TOL[torch.float32], "scale")
+
+
+# (Nq, G, seq_len, head_dim, num_splits): the rows (1, 3, 17, 64), contexts (1, 5, 1000, 4097) and GQA ratios
+# (1, 3, 4) of issue 12, one kv head, a random tree (W = Nq) on a cache of ODD_S slots; None = pick_config.
+ODD_S = 4097 + 64 + 3
+ODD_CASES = [
+    (1, 1, 1, 32, None),
+    (3, 3, 5, 32, None),
+    (17, 4, 1000, 64, None),
+    (64, 4, 4097, 32, None),  # 256 rows: two 128-row tiles or four of 64
+    (1, 4, 4097, 128, None),  # plain decode at 4k
+    (64, 1, 5, 32, 3),  # more splits than a 69-slot context has blocks
+    (17, 3, 4097, 32, 7),
+    (3, 1, 1000, 128, 64),  # the most splits: the merge takes one row a step
+    (64, 3, 1000, 64, None),
+]
+
+
+@kernel_case
+@pytest.mark.parametrize("n,groups,seq,head_dim,num_splits", ODD_CASES)
+def test_kernel_odd_shapes(n, groups, seq, head_dim, num_splits):
+    q, k, v, seq_len, anc = make_case(1, n, groups, head_dim, [seq], "tree", kv_heads=1, cap=ODD_S)
+    ref = tree_attention_ref(q, k, v, seq_len, anc)
+    k[:, seq + n :] = float("nan")  # past the window
+    v[:, seq + n :] = float("nan")
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
+    assert_close(out, ref, TOL[torch.float32], f"Nq {n}, G {groups}, seq {seq}")
+
+
+@kernel_case
+def test_kernel_odd_shape_bf16():
+    # The 8B shape's head_dim and GQA ratio, bf16, 64 tokens of a tree at 1000 cached tokens.
+    q, k, v, seq_len, anc = make_case(1, 64, 4, 128, [1000], "tree", dtype=torch.bfloat16, cap=ODD_S)
+    out = tree_attention(q, k, v, seq_len, anc)
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.bfloat16], "bf16 tree")
+
+
+# Launch shapes the benchmark's sweep tries beyond pick_config's choices: 256-row tiles (16 warps), 128-row
+# tiles with 32-slot blocks, 256-slot decode blocks, 64 splits merged one row a step, >= 2 blocks a split.
+LAUNCH_CASES = [
+    Config(256, 64, 4, 1, 16, 2),
+    Config(128, 32, 8, 1, 8, 3),
+    Config(16, 256, 8, 1, 8, 2),
+    Config(64, 64, 64, 1, 4, 3, 512),
+    Config(32, 64, 5, 2, 4, 3),
+]
+
+
+@kernel_case
+@pytest.mark.parametrize("cfg", LAUNCH_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_kernel_launch_shapes(cfg):
+    q, k, v, seq_len, anc = make_case(2, 64, 4, 64, [1000, 37], "per_request", kv_heads=1, cap=ODD_S)
+    tickets = ta_module._tickets(q.device, 4096)
+    out = ta_module._launch(q, k, v, seq_len, anc, tickets, 64**-0.5, cfg)
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], str(cfg))
+    assert not tickets.any()
 
 
 def test_kernel_cases_in_interpreter():

@@ -66,18 +66,16 @@ from triton.runtime.interpreter import InterpretedFunction
 # and the single merging program reads every live split's fp32 partial, which is why a tree (64 rows of
 # 128 fp32 a partial) wants few splits: past one program per SM (4 splits x 32 tiles on 132 SMs) it loses.
 
-# Slots per block. Decode: 128 (see above). Trees and fp32 (twice the bytes a tile): 64, from an earlier
-# sweep (batch 8, N = 8, 8k context: 64 slots x 3 stages 97 us vs 112 for 32; batch 64, N = 8, 8k: 493 us
-# for 64 x 3 stages, 573 for 64 x 2, 501 for 128 x 2; 128 slots x 3 stages x 128 rows runs out of shared
-# memory). A split's range is a whole number of blocks.
-BLOCK_S = 64
-BLOCK_S_DECODE = 128
-# K/V stages in flight, by element size. fp32 keeps two: 3 x 64 KB of 64 x 128 fp32 K/V plus the q tile
-# would pass the 227 KB of shared memory. Decode's 128-slot bf16 blocks also keep two (the measured best).
-NUM_STAGES = {2: 3, 4: 2}
-NUM_STAGES_DECODE = 2
-# fp32 partial values the merge loads a step for four warps (64 registers a thread): all the live splits
-# of plain decode (4 rows x 128 dims x 16 splits) in one round trip.
+# The tuning table below started from those measurements; ``benchmarks/attention_bench.py --sweep`` times
+# a list of launch shapes on the device and prints the TUNING entries of the best, to paste here.
+
+# fp32 K/V is twice the bytes a tile: at most 64-slot blocks and two stages (3 x 64 KB of 64 x 128 fp32 K/V
+# plus the q tile would pass the 227 KB of shared memory).
+FP32_MAX_BLOCK_S = 64
+FP32_MAX_STAGES = 2
+# fp32 partial values the merge loads a step for four warps (64 registers a thread; twice that in flight,
+# since the next step's loads are issued before this step's sums): all the live splits of plain decode
+# (4 rows x 128 dims x 16 splits) in one round trip.
 MERGE_ELEMS = 8192
 
 
@@ -95,15 +93,37 @@ class Config(NamedTuple):
     min_split_blocks: int  # a live split covers at least this many blocks (1 was best in every regime measured)
     num_warps: int
     num_stages: int
+    merge_elems: int = MERGE_ELEMS  # fp32 partial values a merge step loads, per four warps
 
 
-# Rows per tile: 128-row tiles pay once there are programs enough (batch 8, N = 64, 8k: 176 vs 212 us) but
-# leave SMs idle at batch 1, so small grids use 64 (see above for batch 1).
-MAX_BLOCK_R = 128
-# Cap on the split grid: programs past the live range still cost a launch slot each.
+class Tuning(NamedTuple):
+    """One regime's launch shape, less the split count, which comes from the grid (``split_count``)."""
+
+    max_block_r: int  # largest row tile (``row_block`` picks the tile from the rows and the grid)
+    small_grid_block_r: int  # the tile when max_block_r tiles would fill under half the SMs
+    block_s: int
+    num_warps: int  # for tiles up to 64 rows; 128-row tiles take 8, 256-row tiles 16
+    num_stages: int
+    waves: float  # split programs per SM the full grid aims for (the live ranges use what the context needs)
+    min_split_blocks: int = 1
+    merge_elems: int = MERGE_ELEMS
+
+
+# The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
+# rows. Decode: 2 waves of 16-row programs (32 splits at batch 1 with 8 kv heads). Trees: one program per SM
+# (a second wave lost: 6 and 8 splits above), since the single merging program reads every live split's
+# fp32 partial (64 rows x 128 fp32 a partial).
+TUNING = {
+    "decode": Tuning(16, 16, block_s=128, num_warps=4, num_stages=2, waves=2.0),
+    # 128-row tiles pay once there are programs enough (batch 8, N = 64, 8k: 176 vs 212 us) but leave SMs
+    # idle at batch 1, so small grids use 64 (see above for batch 1).
+    "tree": Tuning(128, 64, block_s=64, num_warps=4, num_stages=3, waves=1.0),
+}
+# The largest row tile the launcher takes (16 warps, 4 warp groups of 64 rows).
+MAX_BLOCK_R = 256
+# Cap on the split grid: programs past the live range still cost a launch slot each. With MAX_SPLITS x 128
+# dims <= MERGE_ELEMS the merge loads every split of a row in one step.
 MAX_SPLITS = 64
-# Decode: split programs per SM the grid aims for at the full capacity (32 splits x 8 heads at batch 1).
-PROGRAMS_PER_SM = 2
 # Used when the device is not a GPU (the interpreter): the SM count of an H100/H200.
 DEFAULT_NUM_SMS = 132
 
@@ -114,31 +134,30 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def row_block(rows: int, batch: int, num_kv_heads: int, num_sms: int) -> int:
-    """Query rows per program: the next power of two >= 16, at most MAX_BLOCK_R; 64 on a small grid."""
-    block = min(max(16, triton.next_power_of_2(rows)), MAX_BLOCK_R)
-    if block > 64 and batch * num_kv_heads * triton.cdiv(rows, block) < num_sms // 2:
-        block = 64
+def row_block(
+    rows: int, batch: int, num_kv_heads: int, num_sms: int, max_block_r: int = 128, small_grid_block_r: int = 64
+) -> int:
+    """Query rows per program: the next power of two >= 16, at most ``max_block_r``; at most
+    ``small_grid_block_r`` when max_block_r tiles would give under one program per two SMs."""
+    block = min(max(16, triton.next_power_of_2(rows)), max_block_r)
+    if block > small_grid_block_r and batch * num_kv_heads * triton.cdiv(rows, block) < num_sms // 2:
+        block = small_grid_block_r
     return block
 
 
-def default_num_splits(
-    batch: int, num_kv_heads: int, row_tiles: int, capacity: int, num_sms: int, block_s: int = BLOCK_S_DECODE
-) -> int:
-    """Decode's KV splits from static shapes only: PROGRAMS_PER_SM programs per SM, capped.
-
-    Rounded down per wave (PROGRAMS_PER_SM x whole (request, kv head) sets per 132 SMs), which gives the
-    measured 32 at batch 1 with 8 kv heads.
-    """
-    programs = batch * num_kv_heads * row_tiles
-    want = PROGRAMS_PER_SM * (num_sms // programs)
+def split_count(programs: int, capacity: int, block_s: int, num_sms: int, waves: float) -> int:
+    """KV splits per program of the row grid, from static shapes only: ``waves`` x whole sets of
+    ``programs`` per ``num_sms`` SMs, at most MAX_SPLITS and the cache's blocks."""
+    want = int(waves * (num_sms // programs) + 1e-6)
     return max(1, min(want, MAX_SPLITS, triton.cdiv(capacity, block_s)))
 
 
-def tree_num_splits(batch: int, num_kv_heads: int, row_tiles: int, capacity: int, num_sms: int) -> int:
-    """Tree tiles' KV splits: at most one program per SM (a second wave lost: 6 and 8 splits above)."""
-    programs = batch * num_kv_heads * row_tiles
-    return max(1, min(num_sms // programs, MAX_SPLITS, triton.cdiv(capacity, BLOCK_S)))
+def default_num_splits(
+    batch: int, num_kv_heads: int, row_tiles: int, capacity: int, num_sms: int, block_s: int | None = None
+) -> int:
+    """Decode's KV splits (TUNING["decode"]): 32 at batch 1 with 8 kv heads on 132 SMs."""
+    t = TUNING["decode"]
+    return split_count(batch * num_kv_heads * row_tiles, capacity, block_s or t.block_s, num_sms, t.waves)
 
 
 def pick_config(
@@ -147,20 +166,18 @@ def pick_config(
     """The launch shape from static shapes only (never seq_len: the op must stay graph-capturable).
 
     ``rows`` = Nq * G query rows per (request, kv head). Up to 16 rows (one tile) is the decode regime;
-    more is the tree regime. ``num_splits`` > 0 pins the split count (the tests do).
+    more is the tree regime. ``num_splits`` > 0 pins the split count (the tests do; at most MAX_SPLITS).
     """
-    block_r = row_block(rows, batch, num_kv_heads, num_sms)
+    t = TUNING["decode" if rows <= 16 else "tree"]
+    block_r = row_block(rows, batch, num_kv_heads, num_sms, t.max_block_r, t.small_grid_block_r)
     row_tiles = triton.cdiv(rows, block_r)
-    warps = 8 if block_r >= 128 else 4
-    decode = block_r <= 16 and elem_size == 2
-    block_s = BLOCK_S_DECODE if decode else BLOCK_S
-    stages = NUM_STAGES_DECODE if decode else NUM_STAGES[elem_size]
+    warps = max(t.num_warps, block_r // 16)  # 8 warps for 128-row tiles, 16 for 256
+    block_s, stages = t.block_s, t.num_stages
+    if elem_size >= 4:
+        block_s, stages = min(block_s, FP32_MAX_BLOCK_S), min(stages, FP32_MAX_STAGES)
     if num_splits <= 0:
-        if block_r <= 16:
-            num_splits = default_num_splits(batch, num_kv_heads, row_tiles, capacity, num_sms, block_s)
-        else:
-            num_splits = tree_num_splits(batch, num_kv_heads, row_tiles, capacity, num_sms)
-    return Config(block_r, block_s, num_splits, 1, warps, stages)
+        num_splits = split_count(batch * num_kv_heads * row_tiles, capacity, block_s, num_sms, t.waves)
+    return Config(block_r, block_s, min(num_splits, MAX_SPLITS), t.min_split_blocks, warps, stages, t.merge_elems)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,6 +224,35 @@ def _attend_block(
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _load_partials(
+    part_lse_ptr,
+    part_o_ptr,
+    base,
+    r0,
+    num_live,
+    tile_rows,
+    BLOCK_R: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr,
+    MERGE_ROWS: tl.constexpr,
+):
+    # The lse [MERGE_SPLITS, MERGE_ROWS] and partial outputs [.., HEAD_DIM] of rows r0 .. r0 + MERGE_ROWS - 1
+    # of a tile, every live split; dead splits and rows past the tile read as lse -inf (weight 0) and 0.
+    sp = tl.arange(0, MERGE_SPLITS)
+    rows = r0 + tl.arange(0, MERGE_ROWS)
+    ok = (sp < num_live)[:, None] & (rows < tile_rows)[None, :]
+    idx = (base + sp)[:, None] * BLOCK_R + rows[None, :]
+    lse = tl.load(part_lse_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    out = tl.load(
+        part_o_ptr + idx[:, :, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, None, :],
+        mask=ok[:, :, None],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    return lse, out
 
 
 @triton.jit
@@ -343,42 +389,43 @@ def _tree_attention_kernel(
             # The ticket counts the splits of this (request, kv head, row tile) that are done.
             ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
             if ticket == num_live - 1:
-                # Merge MERGE_SPLITS partials a step (the lse and the rows' outputs in one round trip), in
-                # split order whichever split came last, so the result is deterministic. MERGE_ROWS covers the
-                # tile's real rows (4 of a 16-row tile in plain decode). .cg reads go to L2, past this SM's L1.
-                sp_off = tl.arange(0, MERGE_SPLITS)
+                # Merge every live split of MERGE_ROWS rows a step (the lse and the rows' outputs in one round
+                # trip), in split order whichever split came last, so the result is deterministic. The next
+                # step's loads are issued before this step's sums and store, so the round trips overlap (a
+                # tree tile's 64 rows x 4 splits take four steps). .cg reads go to L2, past this SM's L1.
+                tile_rows = tl.minimum(num_q * group - tile * BLOCK_R, BLOCK_R)
                 r_off = tl.arange(0, MERGE_ROWS)
-                m_rows = tile * BLOCK_R + r_off
-                m_ok = m_rows < num_q * group
-                m = tl.full([MERGE_ROWS], float("-inf"), dtype=tl.float32)
-                l_sum = tl.zeros([MERGE_ROWS], dtype=tl.float32)
-                merged = tl.zeros([MERGE_ROWS, HEAD_DIM], dtype=tl.float32)
-                for s0 in range(0, num_live, MERGE_SPLITS):
-                    sp = s0 + sp_off
-                    ok = (sp < num_live)[:, None] & m_ok[None, :]
-                    idx = (base + sp)[:, None] * BLOCK_R + r_off[None, :]
-                    lse_c = tl.load(part_lse_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                    out_c = tl.load(
-                        part_o_ptr + idx[:, :, None] * HEAD_DIM + dims[None, None, :],
-                        mask=ok[:, :, None],
-                        other=0.0,
-                        cache_modifier=".cg",
-                    )
-                    m_new = tl.maximum(m, tl.max(lse_c, 0))
-                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = tl.math.exp2(m - m_safe)
-                    w = tl.math.exp2(lse_c - m_safe[None, :])
-                    l_sum = l_sum * alpha + tl.sum(w, 0)
-                    merged = merged * alpha[:, None] + tl.sum(w[:, :, None] * out_c, 0)
-                    m = m_new
-                merged = merged / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-                m_tok = m_rows // group
-                m_head = kv_head * group + m_rows % group
-                tl.store(
-                    o_ptr + b * stride_ob + m_tok[:, None] * stride_on + m_head[:, None] * stride_oh + dims[None, :],
-                    merged.to(o_ptr.dtype.element_ty),
-                    mask=m_ok[:, None],
+                lse_c, out_c = _load_partials(
+                    part_lse_ptr, part_o_ptr, base, 0, num_live, tile_rows, BLOCK_R, HEAD_DIM, MERGE_SPLITS, MERGE_ROWS
                 )
+                for r0 in range(0, tile_rows, MERGE_ROWS):
+                    lse_n, out_n = _load_partials(
+                        part_lse_ptr,
+                        part_o_ptr,
+                        base,
+                        r0 + MERGE_ROWS,
+                        num_live,
+                        tile_rows,
+                        BLOCK_R,
+                        HEAD_DIM,
+                        MERGE_SPLITS,
+                        MERGE_ROWS,
+                    )
+                    m = tl.max(lse_c, 0)
+                    m_safe = tl.where(m == float("-inf"), 0.0, m)
+                    w = tl.math.exp2(lse_c - m_safe[None, :])
+                    l_sum = tl.sum(w, 0)
+                    merged = tl.sum(w[:, :, None] * out_c, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+                    m_rows = tile * BLOCK_R + r0 + r_off
+                    m_tok = m_rows // group
+                    m_head = kv_head * group + m_rows % group
+                    m_ptrs = o_ptr + b * stride_ob + m_tok[:, None] * stride_on + m_head[:, None] * stride_oh
+                    tl.store(
+                        m_ptrs + dims[None, :],
+                        merged.to(o_ptr.dtype.element_ty),
+                        mask=(r0 + r_off < tile_rows)[:, None],
+                    )
+                    lse_c, out_c = lse_n, out_n
                 # Reset for the next call (and the next CUDA-graph replay): every live split has taken its
                 # ticket by now, and the others never touch it.
                 tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")
@@ -424,6 +471,8 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
     G = Hq // Hkv
     row_tiles = triton.cdiv(Nq * G, cfg.block_r)
     programs = B * Hkv * row_tiles
+    assert 16 <= cfg.block_r <= MAX_BLOCK_R and cfg.block_r & (cfg.block_r - 1) == 0, cfg
+    assert 1 <= cfg.num_splits <= MAX_SPLITS, cfg
     assert tickets.numel() >= programs and tickets.dtype == torch.int32
     # anc goes in as bool: Triton reads it through an i1 pointer, one byte each. A uint8 view would do as
     # well in eager mode, but inductor cannot lower a bool -> uint8 view (torch 2.11).
@@ -436,11 +485,11 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
     else:
         part_o = torch.empty((programs, cfg.num_splits, cfg.block_r, D), device=q.device, dtype=torch.float32)
         part_lse = torch.empty((programs, cfg.num_splits, cfg.block_r), device=q.device, dtype=torch.float32)
-    # The merge reads the tile's real rows only, and as many partials a step as keep it at MERGE_ELEMS fp32
-    # values a thread group of four warps.
-    merge_rows = min(cfg.block_r, max(1, triton.next_power_of_2(Nq * G)))
-    merge_elems = MERGE_ELEMS * cfg.num_warps // 4
-    merge_splits = max(1, min(triton.next_power_of_2(cfg.num_splits), merge_elems // (merge_rows * D)))
+    # The merge loads every live split of as many of the tile's real rows a step as keep it at merge_elems
+    # fp32 values a thread group of four warps (one row at the least).
+    merge_splits = triton.next_power_of_2(cfg.num_splits)
+    fit = cfg.merge_elems * cfg.num_warps // 4 // (merge_splits * D)
+    merge_rows = min(cfg.block_r, triton.next_power_of_2(Nq * G), 1 << max(0, fit.bit_length() - 1))
     # fp32 models are the lossless reference runs: keep the dots in IEEE fp32, not TF32.
     upcast = INTERPRETED and q.dtype == torch.bfloat16
     dot_precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
