@@ -177,39 +177,44 @@ REGIME_ROWS = {"decode": 1, "tree": 64}
 def _sweep_configs():
     from sglang_specpilot.kernels.tree_attention import Config as C
 
-    # (block_r, block_s, num_splits, min_split_blocks, num_warps, num_stages[, merge_elems]); the first of
-    # each list is the committed table's choice at this shape. Ordered by promise: the budget may cut the tail.
+    # Config(block_r, block_s, num_splits, min_split_blocks, num_warps, num_stages[, merge_elems, half_partials]);
+    # the first of each list is the committed table's choice at this shape. Ordered by promise: the budget may
+    # cut the tail.
+    h = True  # half partials (bf16 partial outputs: half the merge's bytes)
     return {
         "decode": [
             C(16, 128, 32, 1, 4, 2),
-            C(16, 128, 16, 1, 4, 2),
-            C(16, 64, 32, 1, 4, 3),
-            C(16, 64, 16, 1, 4, 3),
+            C(16, 64, 32, 1, 4, 3),  # 96 KB of stages: two programs an SM
+            C(16, 128, 16, 1, 4, 2),  # at most one program an SM
+            C(16, 64, 64, 1, 4, 2),
+            C(16, 128, 32, 1, 4, 1),
             C(16, 64, 64, 2, 4, 3),
             C(16, 64, 32, 4, 4, 3),
             C(16, 128, 16, 1, 8, 2),
             C(16, 256, 16, 1, 8, 2),
             C(16, 256, 8, 1, 8, 2),
-            C(16, 128, 32, 1, 8, 3),
-            C(16, 64, 64, 1, 4, 2),
+            C(16, 64, 16, 1, 4, 3),
             C(16, 32, 64, 1, 4, 3),
             C(16, 128, 64, 1, 4, 2),
             C(16, 128, 32, 1, 4, 2, 4096),
+            C(16, 64, 64, 1, 4, 1),
         ],
         "tree": [
             C(64, 64, 4, 1, 4, 3),
-            C(128, 64, 4, 1, 8, 3),
-            C(256, 64, 4, 1, 16, 2),
+            C(64, 64, 8, 1, 4, 2),  # 80 KB of stages: two programs an SM, softmax of one beside mma of the other
+            C(64, 32, 8, 1, 4, 3),
+            C(128, 64, 4, 1, 8, 3),  # K/V read by 2 row tiles, not 4
+            C(128, 64, 8, 1, 8, 2),
+            C(64, 64, 4, 1, 4, 3, 8192, h),
+            C(64, 64, 8, 1, 4, 2, 8192, h),
+            C(128, 64, 8, 1, 8, 2, 8192, h),
             C(64, 64, 3, 1, 4, 3),
-            C(64, 64, 8, 1, 4, 3),
-            C(128, 64, 8, 1, 8, 3),
-            C(256, 64, 8, 1, 16, 2),
             C(64, 128, 4, 1, 4, 2),
             C(128, 128, 4, 1, 8, 2),
             C(64, 64, 4, 1, 8, 3),
             C(64, 32, 4, 1, 4, 3),
-            C(128, 64, 2, 1, 8, 3),
-            C(256, 32, 8, 1, 16, 3),
+            C(64, 64, 6, 1, 4, 2),
+            C(256, 64, 4, 1, 16, 2),  # K/V read once a kv head; 16 warps
             C(64, 64, 2, 1, 4, 3),
         ],
     }
@@ -223,7 +228,7 @@ def tuning_entry(cfg, rows: int, num_sms: int) -> str:
     return (
         f"Tuning({cfg.block_r}, {cfg.block_r}, block_s={cfg.block_s}, num_warps={cfg.num_warps},"
         f" num_stages={cfg.num_stages}, waves={round(waves, 4)}, min_split_blocks={cfg.min_split_blocks},"
-        f" merge_elems={cfg.merge_elems})"
+        f" merge_elems={cfg.merge_elems}, half_partials={cfg.half_partials})"
     )
 
 
@@ -277,7 +282,8 @@ def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
 
 
 def _cfg_str(cfg) -> str:
-    return "r{} s{} x{} min{} w{} st{} m{}".format(*cfg)
+    *head, half = cfg
+    return "r{} s{} x{} min{} w{} st{} m{}".format(*head) + (" half" if half else "")
 
 
 def _rec_str(rec) -> str:
@@ -303,7 +309,7 @@ def main(argv=None) -> int:
     ap.add_argument("--old", default=None, help="a module file with an older tree_attention to time beside")
     ap.add_argument("--sweep", action="store_true", help="time the SWEEP launch shapes first, report the best")
     ap.add_argument("--regime", choices=("decode", "tree", "both"), default="both")
-    ap.add_argument("--budget-s", type=float, default=75.0, help="the sweep stops this long after the start")
+    ap.add_argument("--budget-s", type=float, default=70.0, help="the sweep stops this long after the start")
     args = ap.parse_args(argv)
     old = load_module(args.old).tree_attention if args.old else None
     swept = None

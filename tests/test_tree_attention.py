@@ -367,6 +367,16 @@ def test_kernel_launch_shapes(cfg):
     assert not tickets.any()
 
 
+@kernel_case
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_half_partials(dtype):
+    # bf16 partial outputs (the sweep's half_partials) stay within the bf16 tolerance; fp32 calls ignore it.
+    q, k, v, seq_len, anc = make_case(1, 64, 4, 128, [1000], "tree", dtype=dtype, cap=ODD_S)
+    tickets = ta_module._tickets(q.device, 4096)
+    out = ta_module._launch(q, k, v, seq_len, anc, tickets, 128**-0.5, Config(64, 64, 4, 1, 4, 3, 8192, True))
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[dtype], f"half partials {dtype}")
+
+
 def test_kernel_cases_in_interpreter():
     if KERNEL_HERE:
         pytest.skip("the kernel cases ran in this process")

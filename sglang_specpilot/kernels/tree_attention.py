@@ -21,10 +21,11 @@ grid's split count is fixed on the host from static shapes only (``pick_config``
 ``seq_len`` inside the kernel (the live blocks cut into at most that many splits), and the programs past
 the live range exit at once, so nothing reads ``seq_len`` on the host and the op is safe to capture in a
 CUDA graph. With one live split a program writes the output directly. Otherwise each split writes its
-normalized fp32 partial and log-sum-exp, then takes a ticket (an acq_rel atomic on a per-(request, kv head,
-row tile) counter); the split that draws the last ticket merges every partial, in split order, so the
-result does not depend on which one finished last, and resets the counter to zero for the next call and
-the next graph replay. One launch, no merge kernel. The counters live in a per-device buffer that stays
+normalized partial (fp32, or the call's half dtype if the config says so) and log-sum-exp, then takes a
+ticket (an acq_rel atomic on a per-(request, kv head, row tile) counter); the split that draws the last
+ticket merges every partial, in split order, a chunk of rows at a time with the next chunk's loads in
+flight, so the result does not depend on which one finished last, and resets the counter to zero for the
+next call and the next graph replay. One launch, no merge kernel. The counters live in a per-device buffer that stays
 zero between calls (under torch.compile a fresh zeroed one each call), so two calls must not run at once
 on different streams.
 
@@ -94,6 +95,7 @@ class Config(NamedTuple):
     num_warps: int
     num_stages: int
     merge_elems: int = MERGE_ELEMS  # fp32 partial values a merge step loads, per four warps
+    half_partials: bool = False  # bf16 / fp16 calls store the splits' partial outputs in their own dtype
 
 
 class Tuning(NamedTuple):
@@ -107,6 +109,7 @@ class Tuning(NamedTuple):
     waves: float  # split programs per SM the full grid aims for (the live ranges use what the context needs)
     min_split_blocks: int = 1
     merge_elems: int = MERGE_ELEMS
+    half_partials: bool = False
 
 
 # The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
@@ -177,7 +180,8 @@ def pick_config(
         block_s, stages = min(block_s, FP32_MAX_BLOCK_S), min(stages, FP32_MAX_STAGES)
     if num_splits <= 0:
         num_splits = split_count(batch * num_kv_heads * row_tiles, capacity, block_s, num_sms, t.waves)
-    return Config(block_r, block_s, min(num_splits, MAX_SPLITS), t.min_split_blocks, warps, stages, t.merge_elems)
+    splits = min(num_splits, MAX_SPLITS)
+    return Config(block_r, block_s, splits, t.min_split_blocks, warps, stages, t.merge_elems, t.half_partials)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -252,7 +256,7 @@ def _load_partials(
         other=0.0,
         cache_modifier=".cg",
     )
-    return lse, out
+    return lse, out.to(tl.float32)
 
 
 @triton.jit
@@ -379,7 +383,7 @@ def _tree_attention_kernel(
             tl.store(part_lse_ptr + (base + split) * BLOCK_R + local, lse, mask=row_ok)
             tl.store(
                 part_o_ptr + ((base + split) * BLOCK_R + local[:, None]) * HEAD_DIM + dims[None, :],
-                out,
+                out.to(part_o_ptr.dtype.element_ty),
                 mask=row_ok[:, None],
             )
             # The barrier orders every thread's partial stores before the ticket, which one thread takes
@@ -483,7 +487,9 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
         part_o = torch.empty(1, device=q.device, dtype=torch.float32)
         part_lse = torch.empty(1, device=q.device, dtype=torch.float32)
     else:
-        part_o = torch.empty((programs, cfg.num_splits, cfg.block_r, D), device=q.device, dtype=torch.float32)
+        # fp32 partials unless the config asks for half ones (half the merge's bytes; a half-precision call only).
+        part_dtype = q.dtype if cfg.half_partials and q.element_size() == 2 else torch.float32
+        part_o = torch.empty((programs, cfg.num_splits, cfg.block_r, D), device=q.device, dtype=part_dtype)
         part_lse = torch.empty((programs, cfg.num_splits, cfg.block_r), device=q.device, dtype=torch.float32)
     # The merge loads every live split of as many of the tile's real rows a step as keep it at merge_elems
     # fp32 values a thread group of four warps (one row at the least).
