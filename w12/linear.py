@@ -5,6 +5,10 @@ exact GEMM (``w12.kernels.w12_gemm``): on CUDA, and on CPU tensors when TRITON_I
 triton was imported; on a plain CPU it is the reference, ``F.linear(x, decode_reference(W), bias)``.
 ``forward_view8`` is the cheap pass of two-level verification: the same shapes from the hi plane alone.
 
+One module serves every row count: the launcher picks the kernel per M bucket (``w12.kernels.kernel_for``):
+the quad kernel's fp32 FMAs at M = 1 (AR steps), the tensor-core kernel (``gemm_tc.py``, wgmma) from M = 2
+(chain and tree verify), each with its config for (N, K, M bucket) from the tuned table or its formula.
+
 Capture-friendly: the escape row pointer and the split-K counters are buffers made once, the launchers read
 no tensor values on the host, and the GEMM is a ``torch.library.custom_op`` that ``torch.compile`` keeps whole.
 The planes, base, escapes and bias are persistent buffers (they are the state dict); the row pointer and
@@ -48,7 +52,8 @@ class W12Linear(nn.Module):
             torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=weight.hi.device),
             persistent=False,
         )
-        self.backend = "auto"  # the GEMM launchers' choice; "triton" or "cuda" to force one (gemm.w12_gemm)
+        # "auto": the kernel per M bucket (w12.kernels.kernel_for); "triton" (quad), "tc" or "cuda" force one.
+        self.backend = "auto"
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> W12Linear:

@@ -140,12 +140,15 @@ def gpu_file_slug(name: str) -> str:
 @functools.lru_cache(maxsize=8)
 def tuned_table(device_name: str, section: str = "configs") -> dict:
     """The tuned configs of a device (empty if none were written for it): section "configs" holds the Triton
-    kernels' ``GemmConfig``, "mma" the CUDA kernel's ``mma.MmaConfig``."""
+    quad kernels' ``GemmConfig``, "tc" the tensor-core kernel's ``TcConfig``, "mma" the CUDA kernel's
+    ``mma.MmaConfig``."""
     path = TUNED_DIR / f"{gpu_file_slug(device_name)}.json"
     if not path.exists():
         return {}
     if section == "mma":
         from .mma import MmaConfig as cls
+    elif section == "tc":
+        cls = TcConfig
     else:
         cls = GemmConfig
     raw = json.loads(path.read_text())
@@ -177,3 +180,141 @@ def pick_config(M: int, N: int, K: int, device: torch.device, *, view8: bool = F
     name, num_sms = _device_facts(torch.device(device))
     tuned = tuned_table(name).get(table_key(M, N, K, view8))
     return tuned if tuned is not None else default_config(M, N, K, view8=view8, num_sms=num_sms)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tensor-core kernel for verify-sized M (gemm_tc.py): formula, candidates, tuned table (nearest shape)
+# ---------------------------------------------------------------------------------------------------------
+
+TC_MIN_M = 2  # the launcher sends M >= 2 with an even K to gemm_tc (M = 1 keeps the quad kernel's FMAs)
+TC_SMEM_BYTES = 200 * 1024  # of the H100 / H200's 227 KB per SM, leaving room for Triton's own buffers
+TC_NEAREST_MAX = 2.0  # a tuned tile shape serves untuned shapes up to this factor away in N and in K
+
+
+@dataclass(frozen=True)
+class TcConfig:
+    """One launch of ``gemm_tc._w12_tc_kernel``.
+
+    block_n : weight rows per program (the wgmma's 64-row side: 64 per 4 warps)
+    block_k : weights along K per step (block_k / 2 pairs of the uint16 hi view)
+    split_k : programs sharing a tile's K range (fp32 partials summed in split order; a run-time argument)
+    num_warps, num_stages : Triton's; stages >= 3 keep two steps of planes in flight behind the one decoded
+    """
+
+    block_n: int = 64
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name}={v} must be a power of two")
+        if self.block_n < 16 or self.block_k < 32:
+            raise ValueError(f"tl.dot needs block_n >= 16 and block_k >= 32, got {self.block_n}, {self.block_k}")
+        if not 1 <= self.split_k <= 64:
+            raise ValueError(f"split_k={self.split_k} out of 1..64")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages} must be >= 1")
+
+    def block_m(self, M: int) -> int:
+        """Activation rows per program: M padded to 16, 32 or 64 (the MMA's N side)."""
+        return min(max(16, triton.next_power_of_2(M)), MAX_BLOCK_M)
+
+    def stage_bytes(self, M: int) -> int:
+        """Shared memory of one pipeline stage: the planes (1.5 B per weight) and the x tile."""
+        return self.block_n * self.block_k * 3 // 2 + self.block_k * self.block_m(M) * 2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def op_args(self) -> tuple[int, int, int, int, int]:
+        """The fields in the order the ``w12::tc_gemm`` op takes them."""
+        return (self.block_n, self.block_k, self.split_k, self.num_warps, self.num_stages)
+
+    def with_split(self, split_k: int) -> TcConfig:
+        return TcConfig(self.block_n, self.block_k, split_k, self.num_warps, self.num_stages)
+
+
+def tc_split_for(cfg: TcConfig, M: int, N: int, K: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """K splits for small grids: the split s in 1..MAX_SPLIT_K (each split >= 2 K-steps) whose busiest SM
+    holds the fewest K-steps, ``ceil(tiles s / SMs) / s``; within 5% of that, the one whose program count is
+    nearest two per SM (bytes in flight: one program keeps only its pipeline's stages in flight). Splits cost
+    little at these M (an fp32 partial of M x N each: 1-4% of the weight bytes at N = 4096). E.g. 96 tiles
+    (qkv, 6144 rows / 64): s = 4, 384 programs, each SM 0.75 of a tile's K against 1.0 unsplit."""
+    tiles = triton.cdiv(N, cfg.block_n) * triton.cdiv(M, cfg.block_m(M))
+    steps = triton.cdiv(K, cfg.block_k)
+    if tiles >= 2 * num_sms:
+        return 1
+    options = [s for s in range(1, MAX_SPLIT_K + 1) if s == 1 or steps >= 2 * s]
+    load = {s: triton.cdiv(tiles * s, num_sms) / s for s in options}
+    best = min(load.values())
+    good = [s for s in options if load[s] <= 1.05 * best]
+    return min(good, key=lambda s: (abs(tiles * s - 2 * num_sms), s))
+
+
+def default_tc_config(M: int, N: int, K: int, num_sms: int = DEFAULT_NUM_SMS) -> TcConfig:
+    """The formula config (no table): 64 rows per program, 4 warps (one warpgroup on wgmma's 64-row side),
+    256 weights per K-step, or 128 where the split leaves fewer than 4 steps per program (a short loop is
+    mostly pipeline fill); as many stages (3-4) as leave room for two programs per SM; split-K by
+    ``tc_split_for``."""
+    for block_k in (256, 128):
+        bk = min(block_k, max(32, triton.next_power_of_2(K)))
+        cfg = TcConfig(64, bk, 1, 4, 3)
+        stages = max(3, min(4, TC_SMEM_BYTES // (2 * cfg.stage_bytes(M))))
+        cfg = TcConfig(64, bk, 1, 4, stages)
+        cfg = cfg.with_split(tc_split_for(cfg, M, N, K, num_sms))
+        if triton.cdiv(K, bk) >= 4 * cfg.split_k:
+            break
+    return cfg
+
+
+def tc_candidates(M: int) -> list[TcConfig]:
+    """Tile shapes the benchmark's sweep times per M bucket (splits are varied around ``tc_split_for``);
+    configs whose stages do not fit in shared memory are left out."""
+    # sm_90 builds (CPU, ptxas): 64 x 256 x 4 warps 213-255 registers, no spills, 5.6 hot-loop instructions
+    # per weight (M = 16); 64 x 128: 118 registers, 5.9; 128 rows x 8 warps: 228-254, 5.4; 64 x 512 spills.
+    shapes = [(64, 256, 4, 3), (64, 256, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3), (128, 128, 8, 4)]
+    out = [TcConfig(bn, bk, 1, nw, st) for bn, bk, nw, st in shapes]
+    return [c for c in out if c.num_stages * c.stage_bytes(M) <= TC_SMEM_BYTES]
+
+
+def tc_table_key(M: int, N: int, K: int) -> str:
+    """The tuned table's key: M buckets 8, 16, 32, 64 (M = 2..7 share the 8 bucket: both pad to 16 rows)."""
+    return f"tc_m{max(8, m_bucket(M))}_n{N}_k{K}"
+
+
+def nearest_tc(table: dict, M: int, N: int, K: int) -> tuple[str, TcConfig] | None:
+    """The tuned entry of the same M bucket nearest to (N, K) in log distance, if within TC_NEAREST_MAX on
+    both sides; None otherwise."""
+    import math
+
+    prefix = f"tc_m{max(8, m_bucket(M))}_"
+    best = None
+    for key, cfg in table.items():
+        if not key.startswith(prefix):
+            continue
+        n_t, k_t = (int(p[1:]) for p in key[len(prefix) :].split("_"))
+        dn, dk = abs(math.log(N / n_t)), abs(math.log(K / k_t))
+        if max(dn, dk) > math.log(TC_NEAREST_MAX):
+            continue
+        if best is None or dn + dk < best[0]:
+            best = (dn + dk, key, cfg)
+    return None if best is None else (best[1], best[2])
+
+
+def pick_tc_config(M: int, N: int, K: int, device: torch.device) -> TcConfig:
+    """The tensor-core kernel's config: the tuned entry for (M bucket, N, K) on this device; else the nearest
+    tuned shape's tile with the split re-derived for this shape (``tc_split_for``); else ``default_tc_config``."""
+    name, num_sms = _device_facts(torch.device(device))
+    table = tuned_table(name, "tc")
+    hit = table.get(tc_table_key(M, N, K))
+    if hit is not None:
+        return hit
+    near = nearest_tc(table, M, N, K)
+    if near is not None:
+        cfg = near[1]
+        return cfg.with_split(tc_split_for(cfg, M, N, K, num_sms))
+    return default_tc_config(M, N, K, num_sms)

@@ -268,6 +268,18 @@ def _row_base2(base_ptr, rows, N, VIEW8: tl.constexpr):
     return base2[:, None]
 
 
+@triton.jit
+def _to_bf16(acc, BY_BITS: tl.constexpr):
+    # fp32 -> bf16, round to nearest even. The GPU's conversion does that in one instruction per pair; the
+    # interpreter's truncates, so there the rounding is done on the bits (NaN stays a quiet NaN).
+    if BY_BITS:
+        bits = acc.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(acc != acc, 0x7FC0, rounded)
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return acc.to(tl.bfloat16)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Decode-to-memory kernel
 # ---------------------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ and folds the chunk into its rows:
   loop that touches only its own row (a branch per chunk, never taken on a finite model).
 
 Deterministic: no atomics; each (row, column) sums its escapes in index order, after the K loop. With
-split-K only split 0 applies them (to its partial), and the partials are summed in split order (gemm.py).
+split-K, either split 0 applies them all (the quad kernel, gemm.py) or split s takes the chunks s, s + S, ..
+(the tensor-core kernel, gemm_tc.py), each into its own partial; the partials are summed in split order.
 
 Cost: one chunk per ~BLOCK_E escapes of the tile's rows. At the escape rates the codec reports for BF16
 checkpoints (well under 0.1%), a 64-row x 4096 tile has ~50 escapes: 4 chunks against 64 K-iterations.
@@ -73,21 +74,28 @@ def _apply_escapes(
     K,
     M,
     active,
+    chunk0,
+    chunk_step,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # acc [BLOCK_N, BLOCK_M] fp32, rows n0.., columns (activation rows) m0..; active: this program applies the
-    # escapes (split 0 of a split-K launch); otherwise its range is made empty.
+    # acc [BLOCK_N, BLOCK_M] fp32, rows n0.., columns (activation rows) m0..; active: this program applies
+    # escapes (otherwise its range is made empty), the chunks chunk0, chunk0 + chunk_step, .. of its rows'
+    # (split-K: split 0 alone with 0, 1; or split s of S with s, S, which spreads a tile's chunks over its
+    # splits so that no split waits for all of them).
     start = tl.load(esc_row_ptr + n0)
     end = tl.load(esc_row_ptr + tl.minimum(n0 + BLOCK_N, N))
     end = tl.where(active, end, start)
+    stride = BLOCK_E * chunk_step
+    start = start + chunk0 * BLOCK_E
+    n_chunks = tl.maximum(end - start + stride - 1, 0) // stride  # (a run-time step: a counted loop)
     local = tl.arange(0, BLOCK_N)
     ms = m0 + tl.arange(0, BLOCK_M)
     m_ok = ms < M
-    for e0 in range(start, end, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)
+    for i in range(0, n_chunks):
+        e = start + i * stride + tl.arange(0, BLOCK_E)
         ok = e < end
         idx = tl.load(esc_idx_ptr + e, mask=ok, other=0)
         val = tl.load(esc_val_ptr + e, mask=ok, other=0.0).to(tl.float32)

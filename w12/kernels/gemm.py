@@ -47,8 +47,8 @@ import triton.language as tl
 
 from w12.format import W12Tensor, decode_reference, decode_view8_reference
 
-from . import mma
-from .config import GemmConfig, pick_config
+from . import gemm_tc, mma
+from .config import TC_MIN_M, GemmConfig, TcConfig, pick_config
 from .decode import (
     INTERPRETED,
     USE_ASM,
@@ -59,6 +59,7 @@ from .decode import (
     _pair_lo_f32,
     _pairs_to_columns,
     _row_base2,
+    _to_bf16,
     check_w12,
     quads_aligned,
 )
@@ -103,18 +104,6 @@ def _load_x_halves(
         xt = xt.to(tl.float32)
     x_even, x_odd = tl.split(xt.reshape(BLOCK_M, BLOCK_K // 2, 2))
     return tl.trans(x_even), tl.trans(x_odd)
-
-
-@triton.jit
-def _to_bf16(acc, BY_BITS: tl.constexpr):
-    # fp32 -> bf16, round to nearest even. The GPU's conversion does that in one instruction per pair; the
-    # interpreter's truncates, so there the rounding is done on the bits (NaN stays a quiet NaN).
-    if BY_BITS:
-        bits = acc.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        rounded = tl.where(acc != acc, 0x7FC0, rounded)
-        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return acc.to(tl.bfloat16)
 
 
 @triton.jit
@@ -227,6 +216,8 @@ def _w12_gemm_kernel(
             K,
             M,
             pid_k == 0,
+            0,
+            1,
             BLOCK_N,
             BLOCK_M,
             USE_DOT,
@@ -378,11 +369,13 @@ def launch(
     use_asm: bool | None = None,
     backend: str = "auto",
     mma_config: MmaConfig | None = None,
+    tc_config: TcConfig | None = None,
 ) -> torch.Tensor:
-    """Shared launcher of ``w12_gemm`` and ``w12_view8_gemm``: checks, then the ``w12::gemm`` Triton op (backend
-    "auto" or "triton") or the CUDA kernel (``mma.py``, backend "cuda")."""
-    if backend not in ("auto", "cuda", "triton"):
-        raise ValueError(f"backend={backend!r}: auto, cuda or triton")
+    """Shared launcher of ``w12_gemm`` and ``w12_view8_gemm``: checks, then one kernel (``kernel_for``): the
+    quad Triton op ``w12::gemm`` (backend "triton"), the tensor-core Triton op ``w12::tc_gemm`` (backend "tc",
+    exact only), or the CUDA kernel (``mma.py``, backend "cuda"); "auto" picks per M bucket."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: one of {', '.join(BACKENDS)}")
     check_w12(w)
     N, K = w.shape
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, W12 weight [N, K] = {tuple(w.shape)}"
@@ -410,6 +403,10 @@ def launch(
         counters = shared_counters(x.device)
     assert counters.dtype == torch.int32, "counters: int32"
     hi, lo = w.hi.contiguous(), w.lo.contiguous()
+    kernel = kernel_for(x2.shape[0], K, view8=view8, backend=backend, config=config, tc_config=tc_config)
+    if kernel == "tc":
+        y = gemm_tc.tc_gemm(x2, hi, lo, w.base, esc_idx, esc_val, esc_row_ptr, bias, counters, tc_config, use_asm)
+        return y.reshape(*lead, N)
     # "auto" is Triton: on the H200 (2026-11-29, Llama-3.1-8B projections) the CUDA kernel measured 0.58-1.22x
     # cuBLAS at M = 1 and 0.35-0.48x at M = 32, the Triton FMA kernel 1.00-1.25x at M = 1 (see the README).
     if backend == "cuda":
@@ -436,6 +433,39 @@ def launch(
     return y.reshape(*lead, N)
 
 
+BACKENDS = ("auto", "triton", "tc", "cuda")
+
+
+def kernel_for(
+    M: int,
+    K: int,
+    *,
+    view8: bool = False,
+    backend: str = "auto",
+    config: GemmConfig | None = None,
+    tc_config: TcConfig | None = None,
+) -> str:
+    """Which kernel a launch runs: "tc" (``gemm_tc.py``), "quad" (this file's) or "cuda" (``mma.py``).
+
+    "auto": the tensor-core kernel for exact weights at M >= ``config.TC_MIN_M`` with an even K (verify
+    passes: chains and trees), the quad kernel at M = 1 (its fp32 FMAs measured 1.0-1.25x cuBLAS on the H200)
+    and for the 8-bit view; an explicit ``config`` (a quad ``GemmConfig``) or ``tc_config`` decides instead.
+    """
+    if backend == "cuda":
+        return "cuda"
+    if view8:
+        if backend == "tc" or tc_config is not None:
+            raise ValueError("the tensor-core kernel is exact-only; the 8-bit view runs the quad kernel")
+        return "quad"
+    if tc_config is not None or backend == "tc":
+        if not gemm_tc.supports(K):
+            raise ValueError(f"the tensor-core W12 GEMM needs an even K (K = {K})")
+        return "tc"
+    if backend == "triton" or config is not None:
+        return "quad"
+    return "tc" if M >= TC_MIN_M and gemm_tc.supports(K) else "quad"
+
+
 def w12_gemm(
     x: torch.Tensor,
     w: W12Tensor,
@@ -447,6 +477,7 @@ def w12_gemm(
     use_asm: bool | None = None,
     backend: str = "auto",
     mma_config: MmaConfig | None = None,
+    tc_config: TcConfig | None = None,
 ) -> torch.Tensor:
     """Exact-weight GEMM ``y = x @ W^T + bias`` with W decoded in registers from its W12 planes.
 
@@ -458,10 +489,14 @@ def w12_gemm(
     esc_row_ptr : int32 [N + 1], ``escape_row_ptr(w)``; computed per call if None (cache it)
     counters : int32 zeros for split-K, one per tile (1024 cover any split launch); left at 0 afterwards.
         None: the launcher's own buffer (``shared_counters``: not for concurrent streams)
-    config : launch configuration; None: ``config.pick_config`` (tuned table, else heuristic)
+    config : a quad-kernel launch configuration (runs the quad kernel); None: ``kernel_for`` picks the kernel
+        and the kernel's own lookup its config (tuned table, else formula)
     use_asm : inline-PTX decode (True) or plain tl (False); default PTX on the GPU
-    backend : "auto" (today: Triton, the faster on the H200), "triton", or "cuda" (``mma.py``, K % 64 == 0)
+    backend : "auto" (per M: the quad kernel at M = 1, the tensor-core kernel ``gemm_tc`` from M = 2, see
+        ``kernel_for``), "triton" (the quad kernel), "tc" (the tensor-core kernel, even K), or "cuda"
+        (``mma.py``, K % 64 == 0)
     mma_config : launch shape of the CUDA kernel (None: its heuristic)
+    tc_config : launch configuration of the tensor-core kernel (runs it; None: ``config.pick_tc_config``)
 
     Returns
     -------
@@ -471,7 +506,7 @@ def w12_gemm(
         return w12_gemm_ref(x, w, bias)
     return launch(
         x, w, bias, view8=False, esc_row_ptr=esc_row_ptr, counters=counters, config=config, use_asm=use_asm,
-        backend=backend, mma_config=mma_config,
+        backend=backend, mma_config=mma_config, tc_config=tc_config,
     )  # fmt: skip
 
 
