@@ -96,6 +96,7 @@ class Config(NamedTuple):
     num_stages: int
     merge_elems: int = MERGE_ELEMS  # fp32 partial values a merge step loads, per four warps
     half_partials: bool = False  # bf16 / fp16 calls store the splits' partial outputs in their own dtype
+    pdl: bool = False  # programmatic dependent launch: start during the previous kernel's tail (sm_90+)
 
 
 class Tuning(NamedTuple):
@@ -110,6 +111,7 @@ class Tuning(NamedTuple):
     min_split_blocks: int = 1
     merge_elems: int = MERGE_ELEMS
     half_partials: bool = False
+    pdl: bool = False
 
 
 # The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
@@ -181,7 +183,7 @@ def pick_config(
     if num_splits <= 0:
         num_splits = split_count(batch * num_kv_heads * row_tiles, capacity, block_s, num_sms, t.waves)
     splits = min(num_splits, MAX_SPLITS)
-    return Config(block_r, block_s, splits, t.min_split_blocks, warps, stages, t.merge_elems, t.half_partials)
+    return Config(block_r, block_s, splits, t.min_split_blocks, warps, stages, t.merge_elems, t.half_partials, t.pdl)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -301,6 +303,7 @@ def _tree_attention_kernel(
     MERGE_ROWS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     # -- program id -> (request, kv head, row tile, split) ----------------------------------------------
     pid = tl.program_id(0)
@@ -311,6 +314,11 @@ def _tree_attention_kernel(
     # Under torch.compile inductor passes Python floats as fp64 (or a constexpr); fp64 scores would make m_i
     # change type. Converted here, outside any branch: a branch may not change a variable's type.
     qk_scale = tl.full([], qk_scale, tl.float32)
+    if USE_PDL:
+        # Launched while the previous kernel finishes: wait for it (it may have written q, the window's K/V,
+        # seq_len, or read what this kernel writes) before the first load or store. No early trigger of the
+        # next kernel: it launches as these programs exit, as without PDL.
+        tl.extra.cuda.gdc_wait()
 
     # -- this split's slot range, from seq_len on the device: at least min_split_blocks blocks a split, and
     # no more splits than the grid has; the splits past the live range exit here ---------------------------
@@ -499,6 +507,7 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
     # fp32 models are the lossless reference runs: keep the dots in IEEE fp32, not TF32.
     upcast = INTERPRETED and q.dtype == torch.bfloat16
     dot_precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
+    use_pdl = cfg.pdl and not INTERPRETED
     _launchable(_tree_attention_kernel)[(programs, cfg.num_splits)](
         q,
         k_cache,
@@ -540,8 +549,10 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
         MERGE_ROWS=merge_rows,
         DOT_PRECISION=dot_precision,
         UPCAST=upcast,
+        USE_PDL=use_pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if use_pdl else {}),
     )
     return o
 
