@@ -6,8 +6,11 @@ offline config tuner.
         # -> w12/kernels/tuned/<gpu>.json
 
 The suite is ``sglang_specpilot.suites.w12_gemm`` (also ``specpilot bench w12_gemm`` once registered);
-suite options: --models, --ms, --projections, --blocks, --inner, --rotate-mb, --no-view8, --seed,
---results-dir. Tune first, then run the suite, so that the timed configs are the tuned ones.
+suite options: --models, --ms, --projections, --blocks, --inner, --rotate-mb, --no-view8, --no-cuda-kernel,
+--no-sweep, --sweep-ms, --seed, --results-dir. The suite sweeps the tensor-core kernel's configs at the
+verify sizes (M 8/16/32/64) in the same interleaved blocks and writes the fastest per shape as
+``tuned_<gpu>.json`` beside its results (copy it to ``w12/kernels/tuned/`` for the launchers to use); it
+prints a short summary table last.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def main(argv: list[str]) -> int:
         return 0
     path = run_suite("w12_gemm", argv, command=shlex.join(["python", "benchmarks/w12_gemm.py", *argv]))
     print(path)
+    table = json.loads(path.read_text()).get("summary_table")
+    if table:
+        print("\nW12 exact GEMM over cuBLAS BF16 (speedup; best = the sweep's fastest tensor-core config):")
+        print(table)
     return 0
 
 

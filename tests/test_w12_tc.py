@@ -18,6 +18,7 @@ from helpers import assert_within, bits16, check_nonfinite_escapes, run_kernel_c
 from test_w12_kernels import compile_sm90, make_weight
 
 from w12.codec import encode
+from w12.format import decode_reference
 from w12.kernels import INTERPRETED, gemm_tolerance, w12_gemm, w12_gemm_ref
 from w12.kernels import config as config_module
 from w12.kernels.config import (
@@ -81,18 +82,18 @@ def test_default_tc_config_formula():
     assert default_tc_config(16, 4096, 4096).split_k == 4
     assert default_tc_config(32, 4096, 14336).split_k == 4
     assert default_tc_config(64, 28672, 4096).split_k == 1
-    assert default_tc_config(16, 128256, 4096) == TcConfig(64, 256, 1, 4, 3)
+    assert default_tc_config(16, 128256, 4096) == TcConfig(64, 256, 1, 4, 4)
     # Llama-3.2-1B qkv: K = 2048 is 8 steps of 256, too short to split 4 ways: 128-weight steps instead.
     assert default_tc_config(16, 3072, 2048).block_k == 128
     for M in (2, 8, 16, 32, 64):
         for N, K in ((2048, 2048), (6144, 4096), (65536, 65536), (70, 200)):
             cfg = default_tc_config(M, N, K)
             assert cfg.num_stages >= 3
-            assert cfg.num_stages * cfg.stage_bytes(M) <= config_module.TC_SMEM_BYTES
+            assert 2 * cfg.smem_bytes(M) <= config_module.TC_SMEM_BYTES or cfg.num_stages == 3
             steps = -(-K // cfg.block_k)
             assert cfg.split_k == 1 or steps >= 2 * cfg.split_k
             assert cfg.block_k <= max(32, 1 << (K - 1).bit_length())  # no step past a tiny K
-    assert all(c.num_stages * c.stage_bytes(64) <= config_module.TC_SMEM_BYTES for c in tc_candidates(64))
+    assert all(c.smem_bytes(64) <= config_module.TC_SMEM_BYTES for c in tc_candidates(64))
 
 
 def test_tuned_table_nearest_shape(tmp_path, monkeypatch):
@@ -283,3 +284,79 @@ def test_kernel_cases_in_interpreter():
     if KERNEL_HERE:
         pytest.skip("the kernel cases ran in this process")
     run_kernel_cases_in_interpreter(__file__, "test_kernel_ and not interpreter")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The benchmark's sweep (its bookkeeping, dry-run on the CPU; the timing needs the GPU)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_sweep_configs_are_distinct_and_launchable():
+    from sglang_specpilot.suites.w12_gemm import sweep_configs
+
+    for M, N, K in ((8, 4096, 4096), (32, 6144, 4096), (64, 128256, 4096), (16, 3072, 2048), (64, 4096, 14336)):
+        cfgs = sweep_configs(M, N, K, 132)
+        assert len(cfgs) == len(set(cfgs)) >= 4
+        assert default_tc_config(M, N, K) in cfgs
+        for c in cfgs:
+            tiles = -(-N // c.block_n) * -(-M // c.block_m(M))
+            assert c.split_k == 1 or (tiles <= 1024 and -(-K // c.block_k) >= 2 * c.split_k)
+            assert c.smem_bytes(M) <= config_module.TC_SMEM_BYTES
+
+
+def test_sweep_dry_run_on_cpu(monkeypatch, tmp_path):
+    import argparse
+
+    from sglang_specpilot.suites import w12_gemm as suite
+
+    if INTERPRETED:
+        pytest.skip("a dry run of the bookkeeping, not of the kernels")
+    monkeypatch.setattr(suite, "DEVICE", "cpu")
+    p = argparse.ArgumentParser()
+    suite._args(p)
+    args = p.parse_args(["--blocks", "2", "--inner", "1", "--rotate-mb", "1", "--sweep-ms", "8"])
+    rows = suite._time_shape("llama-3.1-8b", "o", 128, 48, [1, 8], args)
+    assert "best_config" not in rows[0] and rows[0]["w12_kernel"] == "quad"
+    r = rows[1]
+    assert r["w12_kernel"] == "tc" and r["sweep_outside_tolerance"] == 0 and r["sweep"]
+    assert r["speedup_best"] > 0 and TcConfig(**r["best_config"]) in suite.sweep_configs(8, 48, 128, 132)
+    table = suite.chosen_table(rows)
+    assert list(table) == [tc_table_key(8, 48, 128)]
+    metrics = suite.summarize(rows)
+    assert {"gemm_speedup_best_geomean_m8_llama8b", "achieved_TBps_o_m8_llama8b"} <= set(metrics)
+    text = suite.summary_table(metrics, ["llama-3.1-8b"], [1, 8])
+    assert text.splitlines()[0].split()[:3] == ["model", "M", "geomean"] and len(text.splitlines()) == 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU: the inline-PTX decode (packs of 4) against the plain-tl one, bit for bit, on a real shape
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [8, 33, 64])
+def test_gpu_tc_asm_and_tl_decodes_agree(M):
+    from test_w12_kernels import gpu_weight
+
+    w = encode(gpu_weight(4096, 6144, seed=M))
+    x = torch.randn(M, 4096, device="cuda").to(torch.bfloat16)
+    for cfg in sweep_configs_for_test(M):
+        a = w12_gemm(x, w, tc_config=cfg, use_asm=True)
+        b = w12_gemm(x, w, tc_config=cfg, use_asm=False)
+        assert torch.equal(bits16(a), bits16(b)), cfg
+    ref = w12_gemm_ref(x, w, out_dtype=torch.float32)
+    assert_within(w12_gemm(x, w), ref, gemm_tolerance(x, w, ref), f"default M={M}")
+    # One-hot rows: the decoded weights themselves, bit for bit, through the asm path.
+    ks = torch.arange(M, device="cuda") * 61 % 4096
+    onehot = torch.zeros(M, 4096, dtype=torch.bfloat16, device="cuda")
+    onehot[torch.arange(M, device="cuda"), ks] = 1.0
+    want = decode_reference(w)[:, ks].T
+    escape = torch.zeros(6144 * 4096, dtype=torch.bool, device="cuda")
+    escape[w.esc_idx] = True
+    escape = escape.view(6144, 4096)[:, ks].T
+    y = w12_gemm(onehot, w)
+    assert torch.equal(bits16(y)[~escape], bits16(want)[~escape])
+
+
+def sweep_configs_for_test(M: int) -> list[TcConfig]:
+    return [c.with_split(s) for c in tc_candidates(M)[:3] for s in (1, 3)]

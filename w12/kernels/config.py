@@ -187,7 +187,7 @@ def pick_config(M: int, N: int, K: int, device: torch.device, *, view8: bool = F
 # ---------------------------------------------------------------------------------------------------------
 
 TC_MIN_M = 2  # the launcher sends M >= 2 with an even K to gemm_tc (M = 1 keeps the quad kernel's FMAs)
-TC_SMEM_BYTES = 200 * 1024  # of the H100 / H200's 227 KB per SM, leaving room for Triton's own buffers
+TC_SMEM_BYTES = 220 * 1024  # of the H100 / H200's 227 KB per SM (the rest: Triton's barriers, the epilogue)
 TC_NEAREST_MAX = 2.0  # a tuned tile shape serves untuned shapes up to this factor away in N and in K
 
 
@@ -227,6 +227,11 @@ class TcConfig:
         """Shared memory of one pipeline stage: the planes (1.5 B per weight) and the x tile."""
         return self.block_n * self.block_k * 3 // 2 + self.block_k * self.block_m(M) * 2
 
+    def smem_bytes(self, M: int) -> int:
+        """Shared memory of one program: ``num_stages - 1`` stage buffers and x's two MMA operand tiles (the
+        sm_90 builds' own figure, exactly, for every candidate at M = 16 and 64)."""
+        return max(1, self.num_stages - 1) * self.stage_bytes(M) + self.block_k * self.block_m(M) * 2
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -262,9 +267,9 @@ def default_tc_config(M: int, N: int, K: int, num_sms: int = DEFAULT_NUM_SMS) ->
     ``tc_split_for``."""
     for block_k in (256, 128):
         bk = min(block_k, max(32, triton.next_power_of_2(K)))
-        cfg = TcConfig(64, bk, 1, 4, 3)
-        stages = max(3, min(4, TC_SMEM_BYTES // (2 * cfg.stage_bytes(M))))
-        cfg = TcConfig(64, bk, 1, 4, stages)
+        cfg = TcConfig(64, bk, 1, 4, 4)
+        if 2 * cfg.smem_bytes(M) > TC_SMEM_BYTES:
+            cfg = TcConfig(64, bk, 1, 4, 3)
         cfg = cfg.with_split(tc_split_for(cfg, M, N, K, num_sms))
         if triton.cdiv(K, bk) >= 4 * cfg.split_k:
             break
@@ -278,7 +283,7 @@ def tc_candidates(M: int) -> list[TcConfig]:
     # per weight (M = 16); 64 x 128: 118 registers, 5.9; 128 rows x 8 warps: 228-254, 5.4; 64 x 512 spills.
     shapes = [(64, 256, 4, 3), (64, 256, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3), (128, 128, 8, 4)]
     out = [TcConfig(bn, bk, 1, nw, st) for bn, bk, nw, st in shapes]
-    return [c for c in out if c.num_stages * c.stage_bytes(M) <= TC_SMEM_BYTES]
+    return [c for c in out if c.smem_bytes(M) <= TC_SMEM_BYTES]
 
 
 def tc_table_key(M: int, N: int, K: int) -> str:

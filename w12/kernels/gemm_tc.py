@@ -78,7 +78,9 @@ def _bits_to_operand(bits, UPCAST: tl.constexpr):
     return bits.to(tl.bfloat16, bitcast=True)
 
 
-@triton.jit
+# M and split_k vary per call and shape; not specializing them (on 1 or multiples of 16) keeps the variants
+# one per tile shape and M bucket, so the benchmark's sweep compiles ~15 kernels, not ~40.
+@triton.jit(do_not_specialize=["M", "split_k"])
 def _w12_tc_kernel(
     x_ptr,  # bf16 [M, K], read as uint32 pairs (stride_xm even, 4-byte aligned)
     hi_ptr,  # uint8 [N, K], read as uint16 [N, C]
