@@ -180,43 +180,42 @@ REGIME_ROWS = {"decode": 1, "tree": 64}
 
 
 def _sweep_configs():
-    from sglang_specpilot.kernels.tree_attention import MERGE_ELEMS as MERGE
     from sglang_specpilot.kernels.tree_attention import Config as C
 
-    # Config(block_r, block_s, num_splits, min_split_blocks, num_warps, num_stages[, merge_elems, half, pdl]);
-    # the first of each list is the committed table's choice at this shape. Ordered by promise: the budget may
-    # cut the tail.
-    h = True  # half partials (bf16 partial outputs: half the merge's bytes)
-    m = MERGE  # the default merge step
+    # Config(block_r, block_s, num_splits, min_split_blocks, num_warps, num_stages, ...flags); the first of each
+    # list is the committed table's choice at this shape. Ordered by promise: the budget may cut the tail.
+    # Flags: pdl (programmatic dependent launch), one_loop (no separate unmasked prefix loop), half_partials
+    # (bf16 partial outputs: half the merge's bytes), merge_elems (the merge step's size).
     return {
         "decode": [
             C(16, 128, 32, 1, 4, 2),
-            C(16, 128, 32, 1, 4, 2, m, False, True),  # PDL: the launch overlaps the previous call's tail
+            C(16, 128, 32, 1, 4, 2, pdl=True),
+            C(16, 128, 32, 1, 4, 2, one_loop=True),
             C(16, 64, 32, 1, 4, 3),  # 96 KB of stages: two programs an SM
+            C(16, 64, 32, 1, 4, 3, one_loop=True),
             C(16, 128, 16, 1, 4, 2),  # at most one program an SM
             C(16, 64, 64, 1, 4, 2),
             C(16, 128, 32, 1, 4, 1),
+            C(16, 64, 32, 1, 2, 3),
             C(16, 64, 64, 2, 4, 3),
-            C(16, 64, 32, 4, 4, 3),
+            C(16, 64, 32, 4, 4, 3, one_loop=True),
             C(16, 128, 16, 1, 8, 2),
             C(16, 256, 16, 1, 8, 2),
             C(16, 256, 8, 1, 8, 2),
-            C(16, 64, 16, 1, 4, 3),
             C(16, 32, 64, 1, 4, 3),
-            C(16, 128, 64, 1, 4, 2),
-            C(16, 128, 32, 1, 4, 2, 4096),
-            C(16, 64, 64, 1, 4, 1),
+            C(16, 128, 32, 1, 4, 2, merge_elems=4096),
         ],
         "tree": [
             C(64, 64, 4, 1, 4, 3),
-            C(64, 64, 4, 1, 4, 3, m, False, True),  # PDL
+            C(64, 64, 4, 1, 4, 3, pdl=True),
+            C(64, 64, 4, 1, 4, 3, one_loop=True),
             C(64, 64, 8, 1, 4, 2),  # 80 KB of stages: two programs an SM, softmax of one beside mma of the other
             C(64, 32, 8, 1, 4, 3),
             C(128, 64, 4, 1, 8, 3),  # K/V read by 2 row tiles, not 4
             C(128, 64, 8, 1, 8, 2),
-            C(64, 64, 4, 1, 4, 3, m, h),
-            C(64, 64, 8, 1, 4, 2, m, h),
-            C(128, 64, 8, 1, 8, 2, m, h),
+            C(64, 64, 4, 1, 4, 3, half_partials=True),
+            C(64, 64, 8, 1, 4, 2, half_partials=True),
+            C(128, 64, 8, 1, 8, 2, half_partials=True),
             C(64, 64, 3, 1, 4, 3),
             C(64, 128, 4, 1, 4, 2),
             C(128, 128, 4, 1, 8, 2),
@@ -229,20 +228,26 @@ def _sweep_configs():
     }
 
 
+# Flags the sweep toggles on the best shape once the list is done (time permitting), so that they compose.
+FLAGS = {"decode": ("pdl", "one_loop"), "tree": ("pdl", "one_loop", "half_partials")}
+
+
 def tuning_entry(cfg, rows: int, num_sms: int) -> str:
     """The ``TUNING`` line of kernels/tree_attention.py that makes pick_config return ``cfg`` at batch 1 on
     this shape (``waves`` = splits per whole set of row programs per num_sms SMs)."""
     programs = HKV * -(-rows * G // cfg.block_r)
     waves = cfg.num_splits / max(1, num_sms // programs)
+    flags = "".join(f", {f}=True" for f in ("half_partials", "pdl", "one_loop") if getattr(cfg, f))
     return (
         f"Tuning({cfg.block_r}, {cfg.block_r}, block_s={cfg.block_s}, num_warps={cfg.num_warps},"
         f" num_stages={cfg.num_stages}, waves={round(waves, 4)}, min_split_blocks={cfg.min_split_blocks},"
-        f" merge_elems={cfg.merge_elems}, half_partials={cfg.half_partials}, pdl={cfg.pdl})"
+        f" merge_elems={cfg.merge_elems}{flags})"
     )
 
 
 def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
-    """Time every SWEEP shape of ``regimes`` at both contexts until ``deadline`` (time.monotonic())."""
+    """Time every SWEEP shape of ``regimes`` at both contexts until ``deadline`` (time.monotonic()), then
+    toggle each of the regime's FLAGS on the best in turn, keeping a toggle that scores better."""
     ta = importlib.import_module("sglang_specpilot.kernels.tree_attention")
     num_sms = ta._num_sms(device)
     tickets = ta._tickets(device, 4096)
@@ -255,14 +260,13 @@ def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
         # Split the time left between the regimes still to come.
         share = (deadline - time.monotonic()) / (len(regimes) - regimes.index(regime))
         stop = time.monotonic() + share
-        rows, skipped = [], []
-        for cfg in configs[regime]:
-            if time.monotonic() > stop:
-                skipped.append(list(cfg))
-                continue
-            rec = {"config": cfg._asdict(), "ok": True}
+        rows, skipped, tried = [], [], set()
 
-            def fn(q, k, v, s, a, cfg=cfg):
+        def run(cfg, steps=steps, floors=floors, rows=rows, tried=tried, regime=regime) -> dict:
+            rec = {"config": cfg._asdict(), "ok": True}
+            tried.add(cfg)
+
+            def fn(q, k, v, s, a):
                 return ta._launch(q, k, v, s, a, tickets, D**-0.5, cfg)
 
             try:
@@ -279,9 +283,25 @@ def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
             if rec["ok"]:
                 rec["score"] = round(max(rec[f"x_{c // 1024}k"] / GOAL[c] for c in CONTEXTS), 3)
             rows.append(rec)
-            print(regime, _cfg_str(cfg), _rec_str(rec), flush=True)
-        good = [r for r in rows if r["ok"]]
-        best = min(good, key=lambda r: r["score"]) if good else None
+            print(regime, _cfg_str(rec["config"]), _rec_str(rec), flush=True)
+            return rec
+
+        best = None
+        for cfg in configs[regime]:
+            if time.monotonic() > stop:
+                skipped.append(list(cfg))
+                continue
+            rec = run(cfg)
+            if rec["ok"] and (best is None or rec["score"] < best["score"]):
+                best = rec
+        for flag in FLAGS[regime]:
+            if best is None or time.monotonic() > stop:
+                break
+            cand = ta.Config(**best["config"])._replace(**{flag: not best["config"][flag]})
+            if cand not in tried:
+                rec = run(cand)
+                if rec["ok"] and rec["score"] < best["score"]:
+                    best = rec
         out[regime] = {"rows": nq, "floor_us": {str(c): round(f, 2) for c, f in floors.items()}, "results": rows}
         out[regime] |= {"skipped": skipped, "best": best}
         if best is not None:
@@ -290,9 +310,14 @@ def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
     return out
 
 
-def _cfg_str(cfg) -> str:
-    *head, half, pdl = cfg
-    return "r{} s{} x{} min{} w{} st{} m{}".format(*head) + (" half" if half else "") + (" pdl" if pdl else "")
+def _cfg_str(cfg: dict) -> str:
+    flags = "".join(f" {f}" for f in ("half_partials", "pdl", "one_loop") if cfg[f])
+    return (
+        "r{block_r} s{block_s} x{num_splits} min{min_split_blocks} w{num_warps} st{num_stages} m{merge_elems}".format(
+            **cfg
+        )
+        + flags
+    )
 
 
 def _rec_str(rec) -> str:
@@ -350,7 +375,7 @@ def main(argv=None) -> int:
             print(f"sweep {regime}: no shape passed ({tried} tried)")
             continue
         cut = len(r["skipped"])
-        print(f"sweep {regime} best of {tried} ({cut} cut by the budget): {_cfg_str(best['config'].values())}")
+        print(f"sweep {regime} best of {tried} ({cut} cut by the budget): {_cfg_str(best['config'])}")
         print(f"    {_rec_str(best)}")
         print("    TUNING", r["tuning"])
     head = f"{'rows':>5} {'ctx':>6} {'floor us':>9} {'new us':>8} {'x floor':>8} {'goal':>5}"

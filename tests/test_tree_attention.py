@@ -348,14 +348,16 @@ def test_kernel_odd_shape_bf16():
 
 # Launch shapes the benchmark's sweep tries beyond pick_config's choices: 256-row tiles (16 warps), 128-row
 # tiles with 32-slot blocks, 256-slot decode blocks, 64 splits merged one row a step, >= 2 blocks a split,
-# programmatic dependent launch.
+# programmatic dependent launch, every block through the masked loop.
 LAUNCH_CASES = [
     Config(256, 64, 4, 1, 16, 2),
     Config(128, 32, 8, 1, 8, 3),
     Config(16, 256, 8, 1, 8, 2),
     Config(64, 64, 64, 1, 4, 3, 512),
     Config(32, 64, 5, 2, 4, 3),
-    Config(64, 64, 4, 1, 4, 3, 8192, False, True),  # PDL (on a GPU; the interpreter launches plainly)
+    Config(64, 64, 4, 1, 4, 3, pdl=True),  # on a GPU; the interpreter launches plainly
+    Config(64, 64, 3, 1, 4, 3, one_loop=True),
+    Config(16, 128, 8, 1, 4, 2, one_loop=True),
 ]
 
 

@@ -97,6 +97,7 @@ class Config(NamedTuple):
     merge_elems: int = MERGE_ELEMS  # fp32 partial values a merge step loads, per four warps
     half_partials: bool = False  # bf16 / fp16 calls store the splits' partial outputs in their own dtype
     pdl: bool = False  # programmatic dependent launch: start during the previous kernel's tail (sm_90+)
+    one_loop: bool = False  # every block through the masked loop (one pipelined loop a split)
 
 
 class Tuning(NamedTuple):
@@ -112,6 +113,7 @@ class Tuning(NamedTuple):
     merge_elems: int = MERGE_ELEMS
     half_partials: bool = False
     pdl: bool = False
+    one_loop: bool = False
 
 
 # The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
@@ -183,7 +185,8 @@ def pick_config(
     if num_splits <= 0:
         num_splits = split_count(batch * num_kv_heads * row_tiles, capacity, block_s, num_sms, t.waves)
     splits = min(num_splits, MAX_SPLITS)
-    return Config(block_r, block_s, splits, t.min_split_blocks, warps, stages, t.merge_elems, t.half_partials, t.pdl)
+    extras = (t.merge_elems, t.half_partials, t.pdl, t.one_loop)
+    return Config(block_r, block_s, splits, t.min_split_blocks, warps, stages, *extras)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -304,6 +307,7 @@ def _tree_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_PDL: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
 ):
     # -- program id -> (request, kv head, row tile, split) ----------------------------------------------
     pid = tl.program_id(0)
@@ -342,8 +346,12 @@ def _tree_attention_kernel(
     if split < num_live:
         start = split * per_split * BLOCK_S
         end = tl.minimum(start + per_split * BLOCK_S, total)
-        # Blocks that end at or before seq are pure prefix: every row sees every slot, no mask needed.
+        # Blocks that end at or before seq are pure prefix: every row sees every slot, no mask needed. With
+        # ONE_LOOP every block takes the masked loop instead: the split that holds the window then streams its
+        # range in one pipelined loop, rather than starting the window's loads after the prefix loop ends.
         full_end = tl.maximum(start, (tl.minimum(end, seq) // BLOCK_S) * BLOCK_S)
+        if ONE_LOOP:
+            full_end = start
 
         k_base = k_ptr + b * stride_kb + kv_head * stride_kh
         v_base = v_ptr + b * stride_vb + kv_head * stride_vh
@@ -550,6 +558,7 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
         DOT_PRECISION=dot_precision,
         UPCAST=upcast,
         USE_PDL=use_pdl,
+        ONE_LOOP=cfg.one_loop,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if use_pdl else {}),
