@@ -98,7 +98,7 @@ def test_default_tc_config_formula():
 
 def test_tuned_table_nearest_shape(tmp_path, monkeypatch):
     monkeypatch.setattr(config_module, "TUNED_DIR", tmp_path)
-    config_module.tuned_table.cache_clear()
+    config_module.clear_caches()
     tuned = TcConfig(128, 128, 3, 8, 4)
     config_module.save_tuned("cpu", {tc_table_key(16, 4096, 4096): tuned}, section="tc")
     assert json.loads((tmp_path / "cpu.json").read_text())["tc"]
@@ -113,8 +113,14 @@ def test_tuned_table_nearest_shape(tmp_path, monkeypatch):
         assert nearest_tc(config_module.tuned_table("cpu", "tc"), 16, 16384, 4096) is None  # 4x away
         assert pick_tc_config(16, 16384, 4096, dev) == default_tc_config(16, 16384, 4096)
         assert pick_tc_config(32, 4096, 4096, dev) == default_tc_config(32, 4096, 4096)  # other bucket
+        # M = 1 goes to the tensor-core kernel only where the sweep found it faster (an m1 entry, or near one).
+        assert kernel_for(1, 4096, N=4096, device=dev) == "quad"
+        config_module.save_tuned("cpu", {tc_table_key(1, 4096, 4096): TcConfig(64, 256, 2)}, section="tc")
+        assert kernel_for(1, 4096, N=4096, device=dev) == "tc" and kernel_for(1, 4096, N=6144, device=dev) == "tc"
+        assert kernel_for(1, 4096, N=28672, device=dev) == "quad"
+        assert pick_tc_config(1, 4096, 4096, dev) == TcConfig(64, 256, 2)
     finally:
-        config_module.tuned_table.cache_clear()
+        config_module.clear_caches()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -322,6 +328,10 @@ def test_sweep_dry_run_on_cpu(monkeypatch, tmp_path):
     assert r["speedup_best"] > 0 and TcConfig(**r["best_config"]) in suite.sweep_configs(8, 48, 128, 132)
     table = suite.chosen_table(rows)
     assert list(table) == [tc_table_key(8, 48, 128)]
+    # An M = 1 row enters the table only if the swept tensor-core kernel beat the quad kernel by > 2%.
+    m1 = {"M": 1, "N": 48, "K": 128, "w12_kernel": "quad", "speedup": 1.0, "best_config": TcConfig().to_dict()}
+    assert tc_table_key(1, 48, 128) not in suite.chosen_table([{**m1, "speedup_best": 1.01}])
+    assert tc_table_key(1, 48, 128) in suite.chosen_table([{**m1, "speedup_best": 1.05}])
     metrics = suite.summarize(rows)
     assert {"gemm_speedup_best_geomean_m8_llama8b", "achieved_TBps_o_m8_llama8b"} <= set(metrics)
     text = suite.summary_table(metrics, ["llama-3.1-8b"], [1, 8])

@@ -16,7 +16,7 @@ achieved bandwidth (weight bytes + x + y over time: 1.5 B/weight for W12, 1 for 
 Before timing, each shape's output is checked against decode-then-matmul in fp32 at the stated tolerance
 (``gemm_tolerance``); ``w12_gemm_outside_tolerance`` counts failures (must be 0).
 
-``--sweep`` (on by default for M in ``--sweep-ms``, 8/16/32/64: the verify sizes) also times, in the same
+The sweep (on by default for M in ``--sweep-ms``, 1 and 8/16/32/64: the verify sizes) also times, in the same
 interleaved blocks, the tensor-core kernel (``gemm_tc``) at every tile shape of ``config.tc_candidates`` and
 at three splits around ``config.tc_split_for``: each ``tc:<config>`` variant is checked against the
 tolerance first, and the fastest per (shape, M bucket) is the row's ``w12_best`` (``speedup_best``) and an
@@ -116,7 +116,11 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-view8", action="store_true", help="time only cublas and w12")
     p.add_argument("--no-cuda-kernel", action="store_true", help="skip the CUDA C++ kernel (mma.py) variant")
     p.add_argument("--no-sweep", dest="sweep", action="store_false", help="time no tensor-core config sweep")
-    p.add_argument("--sweep-ms", default="8,16,32,64", help="M at which the tensor-core configs are swept")
+    p.add_argument(
+        "--sweep-ms",
+        default="1,8,16,32,64",
+        help="M at which the tensor-core configs are swept (M = 1: against the quad kernel)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -233,7 +237,7 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
             "encode_s": encode_s,
             **check,
         }
-        row["w12_kernel"] = kernel_for(M, K)
+        row["w12_kernel"] = kernel_for(M, K, N=N, device=x.device)
         line = f"{model:>13} {proj:>8} M={M:<3} cublas {us['cublas']:8.1f} us  w12 {us['w12']:8.1f} us"
         line += f" ({ci.ratio:.3f}x, {row['w12_TBps']:.2f} TB/s)"
         if swept:
@@ -311,11 +315,15 @@ def _sweep_variants(x, w, w12s, row_ptr, counters, replay) -> tuple[dict, int]:
 
 def chosen_table(rows: list[dict]) -> dict[str, dict]:
     """``{tc_table_key: config dict}``: the fastest swept config of every (shape, M bucket) row. Two Ms of one
-    bucket (M = 2..8 share one): the config of the larger M (the bucket's worst case)."""
+    bucket (M = 2..8 share one): the config of the larger M (the bucket's worst case). M = 1 gets an entry
+    (which sends M = 1 at that shape to the tensor-core kernel) only where the best swept config beat the
+    launcher's quad kernel by more than 2%."""
     from w12.kernels.config import tc_table_key
 
     table: dict[str, tuple[int, dict]] = {}
     for r in rows:
+        if r["M"] == 1 and r.get("w12_kernel") == "quad" and not r.get("speedup_best", 0) > 1.02 * r["speedup"]:
+            continue
         if "best_config" in r:
             key = tc_table_key(r["M"], r["N"], r["K"])
             if key not in table or r["M"] > table[key][0]:

@@ -163,8 +163,14 @@ def save_tuned(device_name: str, configs: dict, extra: dict | None = None, secti
     old = json.loads(path.read_text()) if path.exists() else {}
     merged = {**old.get(section, {}), **{k: c.to_dict() for k, c in configs.items()}}
     path.write_text(json.dumps({**old, **(extra or {}), section: dict(sorted(merged.items()))}, indent=1) + "\n")
-    tuned_table.cache_clear()
+    clear_caches()
     return path
+
+
+def clear_caches() -> None:
+    """Forget the tables read so far (after writing one, or when a test points TUNED_DIR elsewhere)."""
+    tuned_table.cache_clear()
+    _tc_lookup.cache_clear()
 
 
 @functools.lru_cache(maxsize=16)
@@ -286,9 +292,14 @@ def tc_candidates(M: int) -> list[TcConfig]:
     return [c for c in out if c.smem_bytes(M) <= TC_SMEM_BYTES]
 
 
+def tc_bucket(M: int) -> int:
+    """The tuned table's M bucket: 1, 8, 16, 32, 64 (M = 2..7 share 8: both pad to 16 rows). Bucket 1 has
+    entries only where the sweep found the tensor-core kernel faster than the quad kernel at M = 1."""
+    return 1 if M == 1 else max(8, m_bucket(M))
+
+
 def tc_table_key(M: int, N: int, K: int) -> str:
-    """The tuned table's key: M buckets 8, 16, 32, 64 (M = 2..7 share the 8 bucket: both pad to 16 rows)."""
-    return f"tc_m{max(8, m_bucket(M))}_n{N}_k{K}"
+    return f"tc_m{tc_bucket(M)}_n{N}_k{K}"
 
 
 def nearest_tc(table: dict, M: int, N: int, K: int) -> tuple[str, TcConfig] | None:
@@ -296,7 +307,7 @@ def nearest_tc(table: dict, M: int, N: int, K: int) -> tuple[str, TcConfig] | No
     both sides; None otherwise."""
     import math
 
-    prefix = f"tc_m{max(8, m_bucket(M))}_"
+    prefix = f"tc_m{tc_bucket(M)}_"
     best = None
     for key, cfg in table.items():
         if not key.startswith(prefix):
@@ -310,16 +321,27 @@ def nearest_tc(table: dict, M: int, N: int, K: int) -> tuple[str, TcConfig] | No
     return None if best is None else (best[1], best[2])
 
 
-def pick_tc_config(M: int, N: int, K: int, device: torch.device) -> TcConfig:
-    """The tensor-core kernel's config: the tuned entry for (M bucket, N, K) on this device; else the nearest
-    tuned shape's tile with the split re-derived for this shape (``tc_split_for``); else ``default_tc_config``."""
-    name, num_sms = _device_facts(torch.device(device))
-    table = tuned_table(name, "tc")
+@functools.lru_cache(maxsize=4096)
+def _tc_lookup(device_name: str, num_sms: int, M: int, N: int, K: int) -> TcConfig | None:
+    # Cached: a launch looks up its config on every eager call (the nearest-shape scan parses every key).
+    table = tuned_table(device_name, "tc")
     hit = table.get(tc_table_key(M, N, K))
     if hit is not None:
         return hit
     near = nearest_tc(table, M, N, K)
     if near is not None:
-        cfg = near[1]
-        return cfg.with_split(tc_split_for(cfg, M, N, K, num_sms))
-    return default_tc_config(M, N, K, num_sms)
+        return near[1].with_split(tc_split_for(near[1], M, N, K, num_sms))
+    return None
+
+
+def tc_tuned_for(M: int, N: int, K: int, device: torch.device) -> bool:
+    """Whether this device's table has an entry for (M bucket, N, K) or a nearest shape."""
+    return _tc_lookup(*_device_facts(torch.device(device)), M, N, K) is not None
+
+
+def pick_tc_config(M: int, N: int, K: int, device: torch.device) -> TcConfig:
+    """The tensor-core kernel's config: the tuned entry for (M bucket, N, K) on this device; else the nearest
+    tuned shape's tile with the split re-derived for this shape (``tc_split_for``); else ``default_tc_config``."""
+    name, num_sms = _device_facts(torch.device(device))
+    found = _tc_lookup(name, num_sms, M, N, K)
+    return found if found is not None else default_tc_config(M, N, K, num_sms)

@@ -48,7 +48,7 @@ import triton.language as tl
 from w12.format import W12Tensor, decode_reference, decode_view8_reference
 
 from . import gemm_tc, mma
-from .config import TC_MIN_M, GemmConfig, TcConfig, pick_config
+from .config import TC_MIN_M, GemmConfig, TcConfig, pick_config, tc_tuned_for
 from .decode import (
     INTERPRETED,
     USE_ASM,
@@ -283,6 +283,10 @@ def _w12_gemm_op(
     # choices (the config lookup and its caches) happen here, in eager code that dynamo never traces.
     M, K = x.shape
     N = hi.shape[0]
+    if block_n == 0 and kernel_for(M, K, N=N, device=x.device, view8=view8) == "tc":
+        # M = 1 on a shape where the tuned table says the tensor-core kernel is faster (decided here, in eager
+        # code: the table lookup must not be traced by torch.compile).
+        return gemm_tc.run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, (0, 0, 1, 4, 3), use_asm)
     if block_n == 0:
         cfg = pick_config(M, N, K, x.device, view8=view8)
     else:
@@ -403,6 +407,7 @@ def launch(
         counters = shared_counters(x.device)
     assert counters.dtype == torch.int32, "counters: int32"
     hi, lo = w.hi.contiguous(), w.lo.contiguous()
+    # Static choice here (this code is traced by torch.compile); the M = 1 table check happens in the quad op.
     kernel = kernel_for(x2.shape[0], K, view8=view8, backend=backend, config=config, tc_config=tc_config)
     if kernel == "tc":
         y = gemm_tc.tc_gemm(x2, hi, lo, w.base, esc_idx, esc_val, esc_row_ptr, bias, counters, tc_config, use_asm)
@@ -440,6 +445,8 @@ def kernel_for(
     M: int,
     K: int,
     *,
+    N: int | None = None,
+    device: torch.device | None = None,
     view8: bool = False,
     backend: str = "auto",
     config: GemmConfig | None = None,
@@ -448,8 +455,11 @@ def kernel_for(
     """Which kernel a launch runs: "tc" (``gemm_tc.py``), "quad" (this file's) or "cuda" (``mma.py``).
 
     "auto": the tensor-core kernel for exact weights at M >= ``config.TC_MIN_M`` with an even K (verify
-    passes: chains and trees), the quad kernel at M = 1 (its fp32 FMAs measured 1.0-1.25x cuBLAS on the H200)
-    and for the 8-bit view; an explicit ``config`` (a quad ``GemmConfig``) or ``tc_config`` decides instead.
+    passes: chains and trees); at M = 1 the quad kernel (its fp32 FMAs measured 1.0-1.25x cuBLAS on the
+    H200) unless, given ``N`` and ``device``, the device's tuned table has an M = 1 entry for (N, K) or a
+    nearest shape (the benchmark's sweep writes one only where the tensor-core kernel was faster; the
+    launcher asks this inside its op, untraced); the quad kernel for the 8-bit view. An explicit ``config``
+    (a quad ``GemmConfig``) or ``tc_config`` decides instead.
     """
     if backend == "cuda":
         return "cuda"
@@ -463,7 +473,11 @@ def kernel_for(
         return "tc"
     if backend == "triton" or config is not None:
         return "quad"
-    return "tc" if M >= TC_MIN_M and gemm_tc.supports(K) else "quad"
+    if not gemm_tc.supports(K):
+        return "quad"
+    if M >= TC_MIN_M:
+        return "tc"
+    return "tc" if N is not None and device is not None and tc_tuned_for(M, N, K, device) else "quad"
 
 
 def w12_gemm(

@@ -232,7 +232,31 @@ def _w12_tc_gemm_op(
     num_stages: int,
     use_asm: bool,
 ) -> torch.Tensor:
-    # Opaque custom op, as gemm.py's: the config lookup happens here, in eager code.
+    # Opaque custom op, as gemm.py's: the config lookup happens in run(), in eager code.
+    cfg = (block_n, block_k, split_k, num_warps, num_stages)
+    return run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, cfg, use_asm)
+
+
+def run(
+    x: torch.Tensor,
+    hi: torch.Tensor,
+    lo: torch.Tensor,
+    base: torch.Tensor,
+    esc_idx: torch.Tensor,
+    esc_val: torch.Tensor,
+    esc_row_ptr: torch.Tensor,
+    bias: torch.Tensor | None,
+    counters: torch.Tensor,
+    config: tuple[int, int, int, int, int],
+    use_asm: bool,
+) -> torch.Tensor:
+    """The body of the ``w12::tc_gemm`` op (eager; ``gemm.py``'s op calls it too): ``config`` holds
+    ``TcConfig.op_args()``, or block_n = 0 for ``pick_tc_config``'s choice."""
+    block_n, block_k, split_k, num_warps, num_stages = config
+    if x.stride(0) % 2 or x.data_ptr() % 4:  # x is read as uint32 pairs
+        x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)  # fresh: aligned rows
+    if hi.data_ptr() % 2:  # hi as uint16
+        hi = hi.clone()
     M, K = x.shape
     N = hi.shape[0]
     if block_n == 0:
@@ -305,10 +329,6 @@ def tc_gemm(
     """``x2 [M, K] @ W^T (+ bias)`` for 2-D bf16 x2 with unit stride along K and an even K (the other checks
     are the caller's, ``gemm.launch``). ``config`` None: ``config.pick_tc_config`` (tuned table with a
     nearest-shape rule, else the formula); ``use_asm`` as in ``gemm.w12_gemm``."""
-    if x2.stride(0) % 2 or x2.data_ptr() % 4:
-        x2 = torch.empty_like(x2, memory_format=torch.contiguous_format).copy_(x2)  # fresh: aligned rows
-    if hi.data_ptr() % 2:
-        hi = hi.clone()
     c = (0, 0, 1, 4, 3) if config is None else config.op_args()
     asm = USE_ASM if use_asm is None else use_asm
     return _w12_tc_gemm_op(x2, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, *c, asm)
