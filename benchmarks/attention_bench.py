@@ -186,43 +186,44 @@ def _sweep_configs():
     # list is the committed table's choice at this shape. Ordered by promise: the budget may cut the tail.
     # Flags: pdl (programmatic dependent launch), one_loop (no separate unmasked prefix loop), half_partials
     # (bf16 partial outputs: half the merge's bytes), merge_elems (the merge step's size).
+    # Registers / shared memory noted from an sm_90 compile of each shape at the 8B shapes (Triton 3.6);
+    # "n/SM" = programs an SM holds. Tree shapes with 16 warps (256-row tiles) or 128-slot blocks of 128 rows
+    # spill registers and are left out.
     return {
         "decode": [
-            C(16, 128, 32, 1, 4, 2),
+            C(16, 128, 32, 1, 4, 2),  # 247 regs, 72 KB: 2/SM
             C(16, 128, 32, 1, 4, 2, pdl=True),
             C(16, 128, 32, 1, 4, 2, one_loop=True),
-            C(16, 64, 32, 1, 4, 3),  # 96 KB of stages: two programs an SM
+            C(16, 64, 32, 1, 4, 3),  # 219 regs, 70 KB: 2/SM
             C(16, 64, 32, 1, 4, 3, one_loop=True),
             C(16, 128, 16, 1, 4, 2),  # at most one program an SM
-            C(16, 64, 64, 1, 4, 2),
-            C(16, 128, 32, 1, 4, 1),
-            C(16, 64, 32, 1, 2, 3),
+            C(16, 64, 64, 1, 4, 2),  # 227 regs, 38 KB
+            C(16, 128, 32, 1, 4, 1),  # no pipelining: 40 KB
+            C(16, 64, 32, 1, 2, 3),  # 2 warps: fewer cross-warp reductions
             C(16, 64, 64, 2, 4, 3),
             C(16, 64, 32, 4, 4, 3, one_loop=True),
             C(16, 128, 16, 1, 8, 2),
-            C(16, 256, 16, 1, 8, 2),
+            C(16, 256, 16, 1, 8, 2),  # 206 regs, 140 KB: 1/SM
             C(16, 256, 8, 1, 8, 2),
             C(16, 32, 64, 1, 4, 3),
-            C(16, 128, 32, 1, 4, 2, merge_elems=4096),
+            C(16, 128, 32, 1, 4, 2, merge_elems=4096),  # 196 regs (the merge sets the peak)
         ],
         "tree": [
-            C(64, 64, 4, 1, 4, 3),
+            C(64, 64, 4, 1, 4, 3),  # 255 regs, 116 KB: 1/SM
             C(64, 64, 4, 1, 4, 3, pdl=True),
             C(64, 64, 4, 1, 4, 3, one_loop=True),
-            C(64, 64, 8, 1, 4, 2),  # 80 KB of stages: two programs an SM, softmax of one beside mma of the other
-            C(64, 32, 8, 1, 4, 3),
-            C(128, 64, 4, 1, 8, 3),  # K/V read by 2 row tiles, not 4
-            C(128, 64, 8, 1, 8, 2),
-            C(64, 64, 4, 1, 4, 3, half_partials=True),
+            C(64, 64, 8, 1, 4, 2),  # 84 KB: 2/SM, the softmax of one beside the mma of the other
+            C(64, 32, 8, 1, 4, 3),  # 222 regs, 66 KB: 2/SM
+            C(128, 64, 4, 1, 8, 3),  # K/V read by 2 row tiles, not 4; 136 KB: 1/SM
+            C(128, 64, 8, 1, 8, 2),  # 250 regs x 8 warps: 1/SM
             C(64, 64, 8, 1, 4, 2, half_partials=True),
             C(128, 64, 8, 1, 8, 2, half_partials=True),
-            C(64, 64, 3, 1, 4, 3),
-            C(64, 128, 4, 1, 4, 2),
-            C(128, 128, 4, 1, 8, 2),
-            C(64, 64, 4, 1, 8, 3),
-            C(64, 32, 4, 1, 4, 3),
             C(64, 64, 6, 1, 4, 2),
-            C(256, 64, 4, 1, 16, 2),  # K/V read once a kv head; 16 warps
+            C(64, 64, 3, 1, 4, 3),
+            C(64, 32, 4, 1, 4, 3),
+            C(64, 64, 4, 1, 8, 3),
+            C(64, 64, 8, 1, 4, 2, merge_elems=4096),
+            C(64, 128, 4, 1, 4, 2),  # 152 KB
             C(64, 64, 2, 1, 4, 3),
         ],
     }
@@ -245,6 +246,19 @@ def tuning_entry(cfg, rows: int, num_sms: int) -> str:
     )
 
 
+def _compiled_kernels(ta) -> dict:
+    """{id: stats} of the compiled tree-attention kernels: registers, spills, shared memory (best effort: it
+    reads Triton's kernel cache, which is not an API)."""
+    out = {}
+    try:
+        for kernel_cache, *_ in ta._tree_attention_kernel.device_caches.values():
+            for k in kernel_cache.values():
+                out[id(k)] = {"regs": k.n_regs, "spills": k.n_spills, "smem_KB": round(k.metadata.shared / 1024)}
+    except Exception:
+        pass
+    return out
+
+
 def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
     """Time every SWEEP shape of ``regimes`` at both contexts until ``deadline`` (time.monotonic()), then
     toggle each of the regime's FLAGS on the best in turn, keeping a toggle that scores better."""
@@ -265,6 +279,7 @@ def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
         def run(cfg, steps=steps, floors=floors, rows=rows, tried=tried, regime=regime) -> dict:
             rec = {"config": cfg._asdict(), "ok": True}
             tried.add(cfg)
+            before = _compiled_kernels(ta)
 
             def fn(q, k, v, s, a):
                 return ta._launch(q, k, v, s, a, tickets, D**-0.5, cfg)
@@ -282,6 +297,9 @@ def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
                 rec |= {"ok": False, "error": repr(e)[:300]}
             if rec["ok"]:
                 rec["score"] = round(max(rec[f"x_{c // 1024}k"] / GOAL[c] for c in CONTEXTS), 3)
+            new = [v for k, v in _compiled_kernels(ta).items() if k not in before]
+            if len(new) == 1:
+                rec["kernel"] = new[0]
             rows.append(rec)
             print(regime, _cfg_str(rec["config"]), _rec_str(rec), flush=True)
             return rec
@@ -326,7 +344,9 @@ def _rec_str(rec) -> str:
     parts = [
         f"{rec[f'us_{c // 1024}k']:.1f} us x{rec[f'x_{c // 1024}k']:.2f}" for c in CONTEXTS if f"us_{c // 1024}k" in rec
     ]
-    return " | ".join(parts) + (f" score {rec['score']:.2f}" if rec["ok"] else " WRONG")
+    kernel = rec.get("kernel")
+    stats = f" ({kernel['regs']} regs, {kernel['spills']} spilled, {kernel['smem_KB']} KB)" if kernel else ""
+    return " | ".join(parts) + (f" score {rec['score']:.2f}" if rec["ok"] else " WRONG") + stats
 
 
 def load_module(path: str):
