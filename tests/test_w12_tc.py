@@ -19,7 +19,14 @@ from test_w12_kernels import compile_sm90, make_weight
 
 from w12.codec import encode
 from w12.format import decode_reference
-from w12.kernels import INTERPRETED, gemm_tolerance, w12_gemm, w12_gemm_ref
+from w12.kernels import (
+    INTERPRETED,
+    gemm_tolerance,
+    w12_gemm,
+    w12_gemm_ref,
+    w12_view8_gemm,
+    w12_view8_gemm_ref,
+)
 from w12.kernels import config as config_module
 from w12.kernels.config import (
     TcConfig,
@@ -55,14 +62,12 @@ def test_kernel_for_routes_by_m_bucket():
     for M in (2, 8, 16, 33, 64, 100):
         assert kernel_for(M, 4096) == "tc"
     assert kernel_for(16, 4095) == "quad"  # odd K: no uint16 view of hi
-    assert kernel_for(16, 4096, view8=True) == "quad"
+    assert kernel_for(16, 4096, view8=True) == "tc" and kernel_for(1, 4096, view8=True) == "quad"
     assert kernel_for(16, 4096, config=config_module.GemmConfig(64, 128, use_dot=True)) == "quad"
     assert kernel_for(1, 4096, tc_config=TcConfig()) == "tc"
     assert kernel_for(16, 4096, backend="triton") == "quad"
     with pytest.raises(ValueError):
         kernel_for(16, 4095, backend="tc")
-    with pytest.raises(ValueError):
-        kernel_for(16, 4096, view8=True, tc_config=TcConfig())
 
 
 def test_tc_config_validation_and_block_m():
@@ -151,7 +156,8 @@ TC_ARG_TYPES = {
 
 @pytest.mark.parametrize("M", [16, 32, 64])
 @pytest.mark.parametrize("cfg", tc_candidates(16)[:4])
-def test_tc_kernel_compiles_for_sm90(M, cfg):
+@pytest.mark.parametrize("view8", [False, True])
+def test_tc_kernel_compiles_for_sm90(M, cfg, view8):
     if INTERPRETED:
         pytest.skip("the interpreter's kernels are not compiled")
     pytest.importorskip("triton.backends.nvidia")
@@ -166,6 +172,7 @@ def test_tc_kernel_compiles_for_sm90(M, cfg):
         EVEN_N=True,
         EVEN_C=True,
         HAS_BIAS=M == 32,
+        VIEW8=view8,
         USE_ASM=True,
         UPCAST=False,
         UPCAST_OUT=False,
@@ -179,7 +186,7 @@ def test_tc_kernel_compiles_for_sm90(M, cfg):
     assert "ttng.warp_group_dot" in ttgir
     assert f"tensor<{cfg.block_n}x{cfg.block_k // 2}xbf16, #ttg.dot_op<{{opIdx = 0" in ttgir
     assert "async_copy_global_to_local" in ttgir  # cp.async pipeline of the planes
-    assert "0x4342" in k.asm["ptx"]  # decode.py's EXACT_PTX
+    assert ("0x07F007F0" if view8 else "0x4342") in k.asm["ptx"]  # decode.py's VIEW8_PTX / EXACT_PTX
     if usage:
         assert "LOCAL:0" in usage, f"register spills: {usage}"
 
@@ -221,6 +228,16 @@ def test_kernel_tc_matches_reference(M, N, K, cfg, with_bias):
     ref = w12_gemm_ref(x, w, bias, out_dtype=torch.float32)
     assert_within(y, ref, gemm_tolerance(x, w, ref), f"tc M={M} N={N} K={K} {cfg}")
     assert int(counters.abs().sum()) == 0
+
+
+@kernel_case
+@pytest.mark.parametrize("M,N,K,cfg,with_bias", [TC_CASES[i] for i in (1, 2, 4, 5, 7)])
+def test_kernel_tc_view8_matches_reference(M, N, K, cfg, with_bias):
+    w, x, gen = _case(M, N, K)
+    bias = torch.randn(N, generator=gen).to(torch.bfloat16).to(DEVICE) if with_bias else None
+    y = w12_view8_gemm(x, w, bias, backend="tc") if cfg is None else w12_view8_gemm(x, w, bias, tc_config=cfg)
+    ref = w12_view8_gemm_ref(x, w, bias, out_dtype=torch.float32)
+    assert_within(y, ref, gemm_tolerance(x, w, ref, view8=True), f"tc view8 M={M} N={N} K={K} {cfg}")
 
 
 @kernel_case

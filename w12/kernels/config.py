@@ -298,16 +298,16 @@ def tc_bucket(M: int) -> int:
     return 1 if M == 1 else max(8, m_bucket(M))
 
 
-def tc_table_key(M: int, N: int, K: int) -> str:
-    return f"tc_m{tc_bucket(M)}_n{N}_k{K}"
+def tc_table_key(M: int, N: int, K: int, view8: bool = False) -> str:
+    return f"{'tc8' if view8 else 'tc'}_m{tc_bucket(M)}_n{N}_k{K}"
 
 
-def nearest_tc(table: dict, M: int, N: int, K: int) -> tuple[str, TcConfig] | None:
-    """The tuned entry of the same M bucket nearest to (N, K) in log distance, if within TC_NEAREST_MAX on
-    both sides; None otherwise."""
+def nearest_tc(table: dict, M: int, N: int, K: int, view8: bool = False) -> tuple[str, TcConfig] | None:
+    """The tuned entry of the same kind and M bucket nearest to (N, K) in log distance, if within
+    TC_NEAREST_MAX on both sides; None otherwise."""
     import math
 
-    prefix = f"tc_m{tc_bucket(M)}_"
+    prefix = f"{'tc8' if view8 else 'tc'}_m{tc_bucket(M)}_"
     best = None
     for key, cfg in table.items():
         if not key.startswith(prefix):
@@ -322,26 +322,26 @@ def nearest_tc(table: dict, M: int, N: int, K: int) -> tuple[str, TcConfig] | No
 
 
 @functools.lru_cache(maxsize=4096)
-def _tc_lookup(device_name: str, num_sms: int, M: int, N: int, K: int) -> TcConfig | None:
+def _tc_lookup(device_name: str, num_sms: int, M: int, N: int, K: int, view8: bool) -> TcConfig | None:
     # Cached: a launch looks up its config on every eager call (the nearest-shape scan parses every key).
     table = tuned_table(device_name, "tc")
-    hit = table.get(tc_table_key(M, N, K))
+    hit = table.get(tc_table_key(M, N, K, view8))
     if hit is not None:
         return hit
-    near = nearest_tc(table, M, N, K)
+    near = nearest_tc(table, M, N, K, view8)
     if near is not None:
         return near[1].with_split(tc_split_for(near[1], M, N, K, num_sms))
     return None
 
 
-def tc_tuned_for(M: int, N: int, K: int, device: torch.device) -> bool:
-    """Whether this device's table has an entry for (M bucket, N, K) or a nearest shape."""
-    return _tc_lookup(*_device_facts(torch.device(device)), M, N, K) is not None
+def tc_tuned_for(M: int, N: int, K: int, device: torch.device, *, view8: bool = False) -> bool:
+    """Whether this device's table has an entry for (kind, M bucket, N, K) or a nearest shape."""
+    return _tc_lookup(*_device_facts(torch.device(device)), M, N, K, view8) is not None
 
 
-def pick_tc_config(M: int, N: int, K: int, device: torch.device) -> TcConfig:
+def pick_tc_config(M: int, N: int, K: int, device: torch.device, *, view8: bool = False) -> TcConfig:
     """The tensor-core kernel's config: the tuned entry for (M bucket, N, K) on this device; else the nearest
     tuned shape's tile with the split re-derived for this shape (``tc_split_for``); else ``default_tc_config``."""
     name, num_sms = _device_facts(torch.device(device))
-    found = _tc_lookup(name, num_sms, M, N, K)
+    found = _tc_lookup(name, num_sms, M, N, K, view8)
     return found if found is not None else default_tc_config(M, N, K, num_sms)

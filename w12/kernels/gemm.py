@@ -286,7 +286,8 @@ def _w12_gemm_op(
     if block_n == 0 and kernel_for(M, K, N=N, device=x.device, view8=view8) == "tc":
         # M = 1 on a shape where the tuned table says the tensor-core kernel is faster (decided here, in eager
         # code: the table lookup must not be traced by torch.compile).
-        return gemm_tc.run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, (0, 0, 1, 4, 3), use_asm)
+        cfg = (0, 0, 1, 4, 3)
+        return gemm_tc.run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, cfg, use_asm, view8)
     if block_n == 0:
         cfg = pick_config(M, N, K, x.device, view8=view8)
     else:
@@ -376,8 +377,8 @@ def launch(
     tc_config: TcConfig | None = None,
 ) -> torch.Tensor:
     """Shared launcher of ``w12_gemm`` and ``w12_view8_gemm``: checks, then one kernel (``kernel_for``): the
-    quad Triton op ``w12::gemm`` (backend "triton"), the tensor-core Triton op ``w12::tc_gemm`` (backend "tc",
-    exact only), or the CUDA kernel (``mma.py``, backend "cuda"); "auto" picks per M bucket."""
+    quad Triton op ``w12::gemm`` (backend "triton"), the tensor-core Triton op ``w12::tc_gemm`` (backend
+    "tc"), or the CUDA kernel (``mma.py``, backend "cuda"); "auto" picks per M bucket."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: one of {', '.join(BACKENDS)}")
     check_w12(w)
@@ -410,7 +411,9 @@ def launch(
     # Static choice here (this code is traced by torch.compile); the M = 1 table check happens in the quad op.
     kernel = kernel_for(x2.shape[0], K, view8=view8, backend=backend, config=config, tc_config=tc_config)
     if kernel == "tc":
-        y = gemm_tc.tc_gemm(x2, hi, lo, w.base, esc_idx, esc_val, esc_row_ptr, bias, counters, tc_config, use_asm)
+        y = gemm_tc.tc_gemm(
+            x2, hi, lo, w.base, esc_idx, esc_val, esc_row_ptr, bias, counters, tc_config, use_asm, view8=view8
+        )
         return y.reshape(*lead, N)
     # "auto" is Triton: on the H200 (2026-11-29, Llama-3.1-8B projections) the CUDA kernel measured 0.58-1.22x
     # cuBLAS at M = 1 and 0.35-0.48x at M = 32, the Triton FMA kernel 1.00-1.25x at M = 1 (see the README).
@@ -458,15 +461,11 @@ def kernel_for(
     passes: chains and trees); at M = 1 the quad kernel (its fp32 FMAs measured 1.0-1.25x cuBLAS on the
     H200) unless, given ``N`` and ``device``, the device's tuned table has an M = 1 entry for (N, K) or a
     nearest shape (the benchmark's sweep writes one only where the tensor-core kernel was faster; the
-    launcher asks this inside its op, untraced); the quad kernel for the 8-bit view. An explicit ``config``
-    (a quad ``GemmConfig``) or ``tc_config`` decides instead.
+    launcher asks this inside its op, untraced). The 8-bit view follows the same rule (its table entries are
+    keyed "tc8_.."). An explicit ``config`` (a quad ``GemmConfig``) or ``tc_config`` decides instead.
     """
     if backend == "cuda":
         return "cuda"
-    if view8:
-        if backend == "tc" or tc_config is not None:
-            raise ValueError("the tensor-core kernel is exact-only; the 8-bit view runs the quad kernel")
-        return "quad"
     if tc_config is not None or backend == "tc":
         if not gemm_tc.supports(K):
             raise ValueError(f"the tensor-core W12 GEMM needs an even K (K = {K})")
@@ -477,7 +476,8 @@ def kernel_for(
         return "quad"
     if M >= TC_MIN_M:
         return "tc"
-    return "tc" if N is not None and device is not None and tc_tuned_for(M, N, K, device) else "quad"
+    known = N is not None and device is not None and tc_tuned_for(M, N, K, device, view8=view8)
+    return "tc" if known else "quad"
 
 
 def w12_gemm(

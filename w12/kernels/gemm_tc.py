@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from .config import TcConfig, pick_tc_config
-from .decode import _EXACT_PTX, INTERPRETED, USE_ASM, _to_bf16
+from .decode import _EXACT_PTX, _VIEW8_PTX, INTERPRETED, USE_ASM, _to_bf16
 from .escapes import _apply_escapes
 
 
@@ -67,6 +67,26 @@ def _decode_pairs(h, lo, b7, USE_ASM: tl.constexpr):
     b7 = b7.to(tl.int32)
     even = (((h << 8) & 0x8000) | ((h << 4) & 0x07F0) | (lo & 0xF)) + b7
     odd = ((h & 0x8000) | ((h >> 4) & 0x07F0) | (lo >> 4)) + b7
+    return even.to(tl.uint16), odd.to(tl.uint16)
+
+
+@triton.jit
+def _decode_pairs_view8(h, b7v, USE_ASM: tl.constexpr):
+    # The 8-bit view: hi alone, b7v = base << 7 plus the 1000b low mantissa (decode.py's VIEW8_PTX, same packs).
+    if USE_ASM:
+        even, odd = tl.inline_asm_elementwise(
+            _VIEW8_PTX,
+            "=r,=r,=r,=r,r,r,r,r",
+            [h, b7v.broadcast_to(h.shape)],
+            dtype=(tl.uint16, tl.uint16),
+            is_pure=True,
+            pack=4,
+        )
+        return even, odd
+    h = h.to(tl.int32)
+    b7v = b7v.to(tl.int32)
+    even = (((h << 8) & 0x8000) | ((h << 4) & 0x07F0)) + b7v
+    odd = ((h & 0x8000) | ((h >> 4) & 0x07F0)) + b7v
     return even.to(tl.uint16), odd.to(tl.uint16)
 
 
@@ -106,6 +126,7 @@ def _w12_tc_kernel(
     EVEN_N: tl.constexpr,
     EVEN_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    VIEW8: tl.constexpr,
     USE_ASM: tl.constexpr,
     UPCAST: tl.constexpr,
     UPCAST_OUT: tl.constexpr,
@@ -122,6 +143,8 @@ def _w12_tc_kernel(
     ms = m0 + tl.arange(0, BLOCK_M)
     m_ok = ms < M
     b7 = (tl.load(base_ptr + rows, mask=n_ok, other=0).to(tl.uint16) << 7)[:, None]
+    if VIEW8:
+        b7 = b7 + 8  # the 1000b fill of the four dropped mantissa bits
 
     # -- pointers: planes [BLOCK_N, BLOCK_C], x pairs [BLOCK_C, BLOCK_M] -------------------------------------
     cs = tl.arange(0, BLOCK_C)
@@ -144,16 +167,21 @@ def _w12_tc_kernel(
     for ct in range(ct0, ct1):
         if EVEN_N and EVEN_C:
             h = tl.load(hi16, eviction_policy="evict_first")
-            lo = tl.load(lo8, eviction_policy="evict_first")
+            if not VIEW8:
+                lo = tl.load(lo8, eviction_policy="evict_first")
         else:
             w_ok = n_ok[:, None] & (cs[None, :] < C - ct * BLOCK_C)
             h = tl.load(hi16, mask=w_ok, other=0, eviction_policy="evict_first")
-            lo = tl.load(lo8, mask=w_ok, other=0, eviction_policy="evict_first")
+            if not VIEW8:
+                lo = tl.load(lo8, mask=w_ok, other=0, eviction_policy="evict_first")
         if EVEN_C:
             xp = tl.load(x32, mask=m_ok[None, :], other=0)
         else:
             xp = tl.load(x32, mask=m_ok[None, :] & (cs[:, None] < C - ct * BLOCK_C), other=0)
-        w_even, w_odd = _decode_pairs(h, lo, b7, USE_ASM)
+        if VIEW8:
+            w_even, w_odd = _decode_pairs_view8(h, b7, USE_ASM)
+        else:
+            w_even, w_odd = _decode_pairs(h, lo, b7, USE_ASM)
         x_even = _bits_to_operand((xp & 0xFFFF).to(tl.uint16), UPCAST)
         x_odd = _bits_to_operand((xp >> 16).to(tl.uint16), UPCAST)
         acc = tl.dot(_bits_to_operand(w_even, UPCAST), x_even, acc)
@@ -163,27 +191,28 @@ def _w12_tc_kernel(
         x32 += BLOCK_C
 
     # -- epilogue: escapes (split s takes chunks s, s + split_k, ..), bias, BF16 store or the split-K sum -----
-    acc = _apply_escapes(
-        acc,
-        x_ptr,
-        stride_xm,
-        base_ptr,
-        esc_idx_ptr,
-        esc_val_ptr,
-        esc_row_ptr,
-        n0,
-        m0,
-        N,
-        K,
-        M,
-        True,
-        pid_k,
-        split_k,
-        BLOCK_N,
-        BLOCK_M,
-        True,
-        ESC_PRECISION,
-    )
+    if not VIEW8:
+        acc = _apply_escapes(
+            acc,
+            x_ptr,
+            stride_xm,
+            base_ptr,
+            esc_idx_ptr,
+            esc_val_ptr,
+            esc_row_ptr,
+            n0,
+            m0,
+            N,
+            K,
+            M,
+            True,
+            pid_k,
+            split_k,
+            BLOCK_N,
+            BLOCK_M,
+            True,
+            ESC_PRECISION,
+        )
     out_mask = n_ok[:, None] & m_ok[None, :]
     y_ptrs = y_ptr + ms.to(tl.int64)[None, :] * stride_ym + rows[:, None]
     if split_k == 1:
@@ -225,6 +254,7 @@ def _w12_tc_gemm_op(
     esc_row_ptr: torch.Tensor,
     bias: torch.Tensor | None,
     counters: torch.Tensor,
+    view8: bool,
     block_n: int,
     block_k: int,
     split_k: int,
@@ -234,7 +264,7 @@ def _w12_tc_gemm_op(
 ) -> torch.Tensor:
     # Opaque custom op, as gemm.py's: the config lookup happens in run(), in eager code.
     cfg = (block_n, block_k, split_k, num_warps, num_stages)
-    return run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, cfg, use_asm)
+    return run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, cfg, use_asm, view8)
 
 
 def run(
@@ -249,9 +279,11 @@ def run(
     counters: torch.Tensor,
     config: tuple[int, int, int, int, int],
     use_asm: bool,
+    view8: bool = False,
 ) -> torch.Tensor:
     """The body of the ``w12::tc_gemm`` op (eager; ``gemm.py``'s op calls it too): ``config`` holds
-    ``TcConfig.op_args()``, or block_n = 0 for ``pick_tc_config``'s choice."""
+    ``TcConfig.op_args()``, or block_n = 0 for ``pick_tc_config``'s choice; ``view8``: the 8-bit view (lo and
+    the escapes are not read)."""
     block_n, block_k, split_k, num_warps, num_stages = config
     if x.stride(0) % 2 or x.data_ptr() % 4:  # x is read as uint32 pairs
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)  # fresh: aligned rows
@@ -260,7 +292,7 @@ def run(
     M, K = x.shape
     N = hi.shape[0]
     if block_n == 0:
-        cfg = pick_tc_config(M, N, K, x.device)
+        cfg = pick_tc_config(M, N, K, x.device, view8=view8)
     else:
         cfg = TcConfig(block_n, block_k, split_k, num_warps, num_stages)
     block_m = cfg.block_m(M)
@@ -298,6 +330,7 @@ def run(
         EVEN_N=N % cfg.block_n == 0,
         EVEN_C=C % block_c == 0,
         HAS_BIAS=bias is not None,
+        VIEW8=view8,
         USE_ASM=use_asm,
         UPCAST=INTERPRETED,
         UPCAST_OUT=INTERPRETED,
@@ -309,7 +342,7 @@ def run(
 
 
 @_w12_tc_gemm_op.register_fake
-def _(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, *config):
+def _(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, view8, *config):
     return x.new_empty((x.shape[0], hi.shape[0]))
 
 
@@ -325,10 +358,11 @@ def tc_gemm(
     counters: torch.Tensor,
     config: TcConfig | None = None,
     use_asm: bool | None = None,
+    view8: bool = False,
 ) -> torch.Tensor:
     """``x2 [M, K] @ W^T (+ bias)`` for 2-D bf16 x2 with unit stride along K and an even K (the other checks
     are the caller's, ``gemm.launch``). ``config`` None: ``config.pick_tc_config`` (tuned table with a
-    nearest-shape rule, else the formula); ``use_asm`` as in ``gemm.w12_gemm``."""
+    nearest-shape rule, else the formula); ``use_asm`` as in ``gemm.w12_gemm``; ``view8``: the 8-bit view."""
     c = (0, 0, 1, 4, 3) if config is None else config.op_args()
     asm = USE_ASM if use_asm is None else use_asm
-    return _w12_tc_gemm_op(x2, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, *c, asm)
+    return _w12_tc_gemm_op(x2, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, view8, *c, asm)
