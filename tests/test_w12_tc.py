@@ -82,11 +82,13 @@ def test_tc_config_validation_and_block_m():
 
 def test_default_tc_config_formula():
     # Llama-3.1-8B, 132 SMs: qkv (96 tiles of 64 rows) splits 4 ways (384 programs, 0.75 of a tile's K per
-    # SM); o and down (64 tiles) 4 ways (256 programs, two per SM); gate_up (448 tiles) and lm_head not at all.
+    # SM); o and down (64 tiles) 4 ways (256 programs, two per SM); gate_up (448 tiles, 1.7 waves) 2 ways;
+    # Qwen3-8B's gate_up (384 tiles: 2.9 waves) and the LM head (2004 tiles) not at all.
     assert tc_split_for(TcConfig(), 16, 6144, 4096) == 4
     assert default_tc_config(16, 4096, 4096).split_k == 4
     assert default_tc_config(32, 4096, 14336).split_k == 4
-    assert default_tc_config(64, 28672, 4096).split_k == 1
+    assert default_tc_config(64, 28672, 4096).split_k == 2
+    assert default_tc_config(64, 24576, 4096).split_k == 1
     assert default_tc_config(16, 128256, 4096) == TcConfig(64, 256, 1, 4, 4)
     # Llama-3.2-1B qkv: K = 2048 is 8 steps of 256, too short to split 4 ways: 128-weight steps instead.
     assert default_tc_config(16, 3072, 2048).block_k == 128

@@ -268,8 +268,7 @@ def sweep_configs(M: int, N: int, K: int, num_sms: int) -> list:
     """The tensor-core configs the sweep times at one shape: every ``tc_candidates(M)`` tile at its formula
     split (``tc_split_for``), half and twice that (each split >= 2 K-steps, split tiles within the
     counters), plus the formula's own config; de-duplicated."""
-    from w12.kernels.config import MAX_SPLIT_K, default_tc_config, tc_candidates, tc_split_for
-    from w12.kernels.gemm import COUNTER_SLOTS
+    from w12.kernels.config import COUNTER_SLOTS, MAX_SPLIT_K, default_tc_config, tc_candidates, tc_split_for
 
     out: list = []
     for cand in tc_candidates(M):

@@ -31,6 +31,7 @@ import triton
 TUNED_DIR = Path(__file__).with_name("tuned")
 DEFAULT_NUM_SMS = 132  # H100 / H200; used off the GPU (the interpreter)
 MAX_SPLIT_K = 8
+COUNTER_SLOTS = 1024  # split-K counters of one launch (one per tile); W12Linear and the launchers own buffers
 FMA_MAX_M = 4  # the fp32 FMA path holds at most 4 rows per tile (M FMAs per weight: past 2 it is FMA bound)
 MAX_BLOCK_M = 64
 
@@ -250,14 +251,16 @@ class TcConfig:
 
 
 def tc_split_for(cfg: TcConfig, M: int, N: int, K: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
-    """K splits for small grids: the split s in 1..MAX_SPLIT_K (each split >= 2 K-steps) whose busiest SM
-    holds the fewest K-steps, ``ceil(tiles s / SMs) / s``; within 5% of that, the one whose program count is
-    nearest two per SM (bytes in flight: one program keeps only its pipeline's stages in flight). Splits cost
-    little at these M (an fp32 partial of M x N each: 1-4% of the weight bytes at N = 4096). E.g. 96 tiles
-    (qkv, 6144 rows / 64): s = 4, 384 programs, each SM 0.75 of a tile's K against 1.0 unsplit."""
+    """K splits: the split s in 1..MAX_SPLIT_K (each split >= 2 K-steps) whose busiest SM holds the fewest
+    K-steps, ``ceil(tiles s / SMs) / s`` in tiles; within 5% of that, the one whose program count is nearest
+    two per SM (bytes in flight: one program keeps only its pipeline's stages in flight). Splits cost little
+    at these M (an fp32 partial of M x N each: 1-4% of the weight bytes at N = 4096). E.g. 96 tiles (qkv,
+    6144 rows / 64): s = 4, 384 programs, each SM 0.75 of a tile against 1.0 unsplit; 448 tiles (gate_up,
+    28672 rows): s = 2, 3.5 tiles per SM against 4 (a 1.7-wave grid). Grids past COUNTER_SLOTS tiles (the
+    split-K counters) are not split: at 1024+ tiles the last wave costs < 1/8 anyway."""
     tiles = triton.cdiv(N, cfg.block_n) * triton.cdiv(M, cfg.block_m(M))
     steps = triton.cdiv(K, cfg.block_k)
-    if tiles >= 2 * num_sms:
+    if tiles > COUNTER_SLOTS:
         return 1
     options = [s for s in range(1, MAX_SPLIT_K + 1) if s == 1 or steps >= 2 * s]
     load = {s: triton.cdiv(tiles * s, num_sms) / s for s in options}

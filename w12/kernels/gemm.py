@@ -48,7 +48,7 @@ import triton.language as tl
 from w12.format import W12Tensor, decode_reference, decode_view8_reference
 
 from . import gemm_tc, mma
-from .config import TC_MIN_M, GemmConfig, TcConfig, pick_config, tc_tuned_for
+from .config import COUNTER_SLOTS, TC_MIN_M, GemmConfig, TcConfig, pick_config, tc_tuned_for
 from .decode import (
     INTERPRETED,
     USE_ASM,
@@ -65,9 +65,6 @@ from .decode import (
 )
 from .escapes import _apply_escapes, escape_row_ptr, placeholder_values
 from .mma import MmaConfig
-
-COUNTER_SLOTS = 1024  # split-K tiles of one launch; the heuristic splits only grids below 2 programs per SM
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Kernel
