@@ -23,8 +23,8 @@ zero), and scores it by its worse context against the goal (max over contexts of
 capacity is static, so one shape must serve both contexts, as in the engine. It prints each regime's best
 as the ``TUNING`` entry of ``kernels/tree_attention.py`` that reproduces it, then the default measurement
 (what ``measure_attention`` reports, with the table as committed), and writes both to
-``attention_bench.json`` under ``--results-dir`` (default $OUT). A time budget (``--budget-s``, counted
-from the start) stops the sweep early so the run stays within 90 s on the H200; the first shape of each
+``attention_bench.json`` under ``--results-dir`` (default $OUT). A time budget (``--budget-s``, 65 s,
+counted from the start) stops the sweep early so the run stays within 90 s on the H200; the first shape of each
 list is the table's current choice. Shapes marked ``pdl`` launch with programmatic dependent launch: a call
 starts while the one before it (here the previous layer's call, in the engine whatever kernel precedes it)
 finishes and waits for it before its first load; it never triggers the next kernel early.
@@ -184,8 +184,9 @@ def _sweep_configs():
 
     # Config(block_r, block_s, num_splits, min_split_blocks, num_warps, num_stages, ...flags); the first of each
     # list is the committed table's choice at this shape. Ordered by promise: the budget may cut the tail.
-    # Flags: pdl (programmatic dependent launch), one_loop (no separate unmasked prefix loop), half_partials
-    # (bf16 partial outputs: half the merge's bytes), merge_elems (the merge step's size).
+    # Flags: pdl (programmatic dependent launch), one_loop (no separate unmasked prefix loop), balanced (split
+    # ranges of equal slot counts, not whole blocks), half_partials (bf16 partial outputs: half the merge's
+    # bytes), merge_elems (the merge step's size).
     # Registers / shared memory noted from an sm_90 compile of each shape at the 8B shapes (Triton 3.6);
     # "n/SM" = programs an SM holds. Tree shapes with 16 warps (256-row tiles) or 128-slot blocks of 128 rows
     # spill registers and are left out.
@@ -194,8 +195,10 @@ def _sweep_configs():
             C(16, 128, 32, 1, 4, 2),  # 247 regs, 72 KB: 2/SM
             C(16, 128, 32, 1, 4, 2, pdl=True),
             C(16, 128, 32, 1, 4, 2, one_loop=True),
+            C(16, 128, 16, 1, 4, 2, balanced=True),  # 16 equal ranges a kv head: 128 programs at any context
             C(16, 64, 32, 1, 4, 3),  # 219 regs, 70 KB: 2/SM
             C(16, 64, 32, 1, 4, 3, one_loop=True),
+            C(16, 128, 33, 1, 4, 2, balanced=True),  # 264 programs: 2 an SM
             C(16, 128, 16, 1, 4, 2),  # at most one program an SM
             C(16, 64, 64, 1, 4, 2),  # 227 regs, 38 KB
             C(16, 128, 32, 1, 4, 1),  # no pipelining: 40 KB
@@ -212,6 +215,7 @@ def _sweep_configs():
             C(64, 64, 4, 1, 4, 3),  # 255 regs, 116 KB: 1/SM
             C(64, 64, 4, 1, 4, 3, pdl=True),
             C(64, 64, 4, 1, 4, 3, one_loop=True),
+            C(64, 64, 4, 1, 4, 3, balanced=True),
             C(64, 64, 8, 1, 4, 2),  # 84 KB: 2/SM, the softmax of one beside the mma of the other
             C(64, 32, 8, 1, 4, 3),  # 222 regs, 66 KB: 2/SM
             C(128, 64, 4, 1, 8, 3),  # K/V read by 2 row tiles, not 4; 136 KB: 1/SM
@@ -229,8 +233,9 @@ def _sweep_configs():
     }
 
 
+FLAG_NAMES = ("half_partials", "pdl", "one_loop", "balanced")
 # Flags the sweep toggles on the best shape once the list is done (time permitting), so that they compose.
-FLAGS = {"decode": ("pdl", "one_loop"), "tree": ("pdl", "one_loop", "half_partials")}
+FLAGS = {"decode": ("pdl", "one_loop", "balanced"), "tree": ("pdl", "one_loop", "balanced", "half_partials")}
 
 
 def tuning_entry(cfg, rows: int, num_sms: int) -> str:
@@ -238,7 +243,7 @@ def tuning_entry(cfg, rows: int, num_sms: int) -> str:
     this shape (``waves`` = splits per whole set of row programs per num_sms SMs)."""
     programs = HKV * -(-rows * G // cfg.block_r)
     waves = cfg.num_splits / max(1, num_sms // programs)
-    flags = "".join(f", {f}=True" for f in ("half_partials", "pdl", "one_loop") if getattr(cfg, f))
+    flags = "".join(f", {f}=True" for f in FLAG_NAMES if getattr(cfg, f))
     return (
         f"Tuning({cfg.block_r}, {cfg.block_r}, block_s={cfg.block_s}, num_warps={cfg.num_warps},"
         f" num_stages={cfg.num_stages}, waves={round(waves, 4)}, min_split_blocks={cfg.min_split_blocks},"
@@ -329,7 +334,7 @@ def sweep(device, layers, bw: float, regimes, deadline: float) -> dict:
 
 
 def _cfg_str(cfg: dict) -> str:
-    flags = "".join(f" {f}" for f in ("half_partials", "pdl", "one_loop") if cfg[f])
+    flags = "".join(f" {f}" for f in FLAG_NAMES if cfg[f])
     return (
         "r{block_r} s{block_s} x{num_splits} min{min_split_blocks} w{num_warps} st{num_stages} m{merge_elems}".format(
             **cfg
@@ -363,7 +368,7 @@ def main(argv=None) -> int:
     ap.add_argument("--old", default=None, help="a module file with an older tree_attention to time beside")
     ap.add_argument("--sweep", action="store_true", help="time the SWEEP launch shapes first, report the best")
     ap.add_argument("--regime", choices=("decode", "tree", "both"), default="both")
-    ap.add_argument("--budget-s", type=float, default=70.0, help="the sweep stops this long after the start")
+    ap.add_argument("--budget-s", type=float, default=65.0, help="the sweep stops this long after the start")
     args = ap.parse_args(argv)
     old = load_module(args.old).tree_attention if args.old else None
     swept = None

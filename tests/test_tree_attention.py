@@ -339,6 +339,17 @@ def test_kernel_odd_shapes(n, groups, seq, head_dim, num_splits):
 
 
 @kernel_case
+@pytest.mark.parametrize("n,groups,seq,head_dim,num_splits", [c for c in ODD_CASES if c[2] != 4097])
+def test_kernel_odd_shapes_balanced(n, groups, seq, head_dim, num_splits, monkeypatch):
+    # The same through a table whose ranges are equal slot counts.
+    tuning = {k: t._replace(balanced=True) for k, t in ta_module.TUNING.items()}
+    monkeypatch.setattr(ta_module, "TUNING", tuning)
+    q, k, v, seq_len, anc = make_case(1, n, groups, head_dim, [seq], "tree", kv_heads=1, cap=ODD_S)
+    out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
+    assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], f"Nq {n}, seq {seq}")
+
+
+@kernel_case
 def test_kernel_odd_shape_bf16():
     # The 8B shape's head_dim and GQA ratio, bf16, 64 tokens of a tree at 1000 cached tokens.
     q, k, v, seq_len, anc = make_case(1, 64, 4, 128, [1000], "tree", dtype=torch.bfloat16, cap=ODD_S)
@@ -348,7 +359,7 @@ def test_kernel_odd_shape_bf16():
 
 # Launch shapes the benchmark's sweep tries beyond pick_config's choices: 256-row tiles (16 warps), 128-row
 # tiles with 32-slot blocks, 256-slot decode blocks, 64 splits merged one row a step, >= 2 blocks a split,
-# programmatic dependent launch, every block through the masked loop.
+# programmatic dependent launch, every block through the masked loop, equal-slot split ranges.
 LAUNCH_CASES = [
     Config(256, 64, 4, 1, 16, 2),
     Config(128, 32, 8, 1, 8, 3),
@@ -358,6 +369,8 @@ LAUNCH_CASES = [
     Config(64, 64, 4, 1, 4, 3, pdl=True),  # on a GPU; the interpreter launches plainly
     Config(64, 64, 3, 1, 4, 3, one_loop=True),
     Config(16, 128, 8, 1, 4, 2, one_loop=True),
+    Config(16, 64, 7, 1, 4, 3, balanced=True),  # equal-slot ranges: they end mid-block, mid-prefix
+    Config(64, 32, 5, 2, 4, 3, balanced=True, one_loop=True),
 ]
 
 

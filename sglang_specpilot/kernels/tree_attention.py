@@ -18,16 +18,16 @@ request (the prefix tail and the window) load the ancestor mask.
 
 Small batches leave most SMs idle, so the cache is also cut into contiguous ranges (flash-decoding). The
 grid's split count is fixed on the host from static shapes only (``pick_config``); the ranges come from
-``seq_len`` inside the kernel (the live blocks cut into at most that many splits), and the programs past
-the live range exit at once, so nothing reads ``seq_len`` on the host and the op is safe to capture in a
-CUDA graph. With one live split a program writes the output directly. Otherwise each split writes its
-normalized partial (fp32, or the call's half dtype if the config says so) and log-sum-exp, then takes a
-ticket (an acq_rel atomic on a per-(request, kv head, row tile) counter); the split that draws the last
-ticket merges every partial, in split order, a chunk of rows at a time with the next chunk's loads in
-flight, so the result does not depend on which one finished last, and resets the counter to zero for the
-next call and the next graph replay. One launch, no merge kernel. The counters live in a per-device buffer that stays
-zero between calls (under torch.compile a fresh zeroed one each call), so two calls must not run at once
-on different streams.
+``seq_len`` inside the kernel (the live blocks cut into at most that many splits, or with ``balanced`` the
+live slots cut into equal ranges), and the programs past the live range exit at once, so nothing reads
+``seq_len`` on the host and the op is safe to capture in a CUDA graph. With one live split a program writes
+the output directly. Otherwise each split writes its normalized partial (fp32, or the call's half dtype if
+the config says so) and log-sum-exp, then takes a ticket (an acq_rel atomic on a per-(request, kv head, row
+tile) counter); the split that draws the last ticket merges every partial, in split order, a chunk of rows
+at a time with the next chunk's loads in flight, so the result does not depend on which one finished last,
+and resets the counter to zero for the next call and the next graph replay. One launch, no merge kernel.
+The counters live in a per-device buffer that stays zero between calls (under torch.compile a fresh zeroed
+one each call), so two calls must not run at once on different streams.
 
 ``tree_attention`` is a ``torch.library.triton_op`` (``specpilot::tree_attention``), so
 ``torch.compile(fullgraph=True)`` sees through it. On the CPU it runs the PyTorch reference, unless
@@ -98,6 +98,7 @@ class Config(NamedTuple):
     half_partials: bool = False  # bf16 / fp16 calls store the splits' partial outputs in their own dtype
     pdl: bool = False  # programmatic dependent launch: start during the previous kernel's tail (sm_90+)
     one_loop: bool = False  # every block through the masked loop (one pipelined loop a split)
+    balanced: bool = False  # split ranges of equal slot counts instead of whole blocks
 
 
 class Tuning(NamedTuple):
@@ -114,6 +115,7 @@ class Tuning(NamedTuple):
     half_partials: bool = False
     pdl: bool = False
     one_loop: bool = False
+    balanced: bool = False
 
 
 # The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
@@ -185,7 +187,7 @@ def pick_config(
     if num_splits <= 0:
         num_splits = split_count(batch * num_kv_heads * row_tiles, capacity, block_s, num_sms, t.waves)
     splits = min(num_splits, MAX_SPLITS)
-    extras = (t.merge_elems, t.half_partials, t.pdl, t.one_loop)
+    extras = (t.merge_elems, t.half_partials, t.pdl, t.one_loop, t.balanced)
     return Config(block_r, block_s, splits, t.min_split_blocks, warps, stages, *extras)
 
 
@@ -308,6 +310,7 @@ def _tree_attention_kernel(
     UPCAST: tl.constexpr,
     USE_PDL: tl.constexpr,
     ONE_LOOP: tl.constexpr,
+    BALANCED: tl.constexpr,
 ):
     # -- program id -> (request, kv head, row tile, split) ----------------------------------------------
     pid = tl.program_id(0)
@@ -340,16 +343,21 @@ def _tree_attention_kernel(
         other=0.0,
     )
     total = seq + num_win
-    live_blocks = tl.cdiv(total, BLOCK_S)
-    per_split = tl.maximum(tl.cdiv(live_blocks, num_splits), min_split_blocks)
-    num_live = tl.cdiv(live_blocks, per_split)
+    if BALANCED:
+        # Ranges of equal slot counts (at least min_split_blocks blocks): every live split reads the same
+        # bytes, so the live programs finish together at any context.
+        per_split = tl.maximum(tl.cdiv(total, num_splits), min_split_blocks * BLOCK_S)
+    else:
+        # Ranges of whole blocks.
+        per_split = tl.maximum(tl.cdiv(tl.cdiv(total, BLOCK_S), num_splits), min_split_blocks) * BLOCK_S
+    num_live = tl.cdiv(total, per_split)
     if split < num_live:
-        start = split * per_split * BLOCK_S
-        end = tl.minimum(start + per_split * BLOCK_S, total)
+        start = split * per_split
+        end = tl.minimum(start + per_split, total)
         # Blocks that end at or before seq are pure prefix: every row sees every slot, no mask needed. With
         # ONE_LOOP every block takes the masked loop instead: the split that holds the window then streams its
         # range in one pipelined loop, rather than starting the window's loads after the prefix loop ends.
-        full_end = tl.maximum(start, (tl.minimum(end, seq) // BLOCK_S) * BLOCK_S)
+        full_end = start + (tl.maximum(tl.minimum(end, seq) - start, 0) // BLOCK_S) * BLOCK_S
         if ONE_LOOP:
             full_end = start
 
@@ -372,7 +380,7 @@ def _tree_attention_kernel(
         # -- the prefix tail and the window: the ancestor mask decides ------------------------------------
         for s0 in range(full_end, end, BLOCK_S):
             offs = s0 + slots
-            in_use = offs < total
+            in_use = offs < end  # this split's slots only (its range ends at total, or where the next begins)
             # Masked loads (not multiply-by-zero) keep NaN garbage past the window out of the dot products.
             # Window slots a row may not see are finite (the contract), so their masked p = 0 adds nothing.
             k = tl.load(k_base + offs[:, None] * stride_ks + dims[None, :], mask=in_use[:, None], other=0.0)
@@ -381,7 +389,7 @@ def _tree_attention_kernel(
             is_win = (rel >= 0) & in_use
             anc_ptrs = anc_base[:, None] + rel[None, :] * stride_aj
             tree = tl.load(anc_ptrs, mask=row_ok[:, None] & is_win[None, :], other=0)
-            allowed = (offs < seq)[None, :] | (tree != 0)
+            allowed = (in_use & (offs < seq))[None, :] | (tree != 0)
             acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k, v, allowed, qk_scale, True, DOT_PRECISION, UPCAST)
 
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -515,7 +523,8 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
     # fp32 models are the lossless reference runs: keep the dots in IEEE fp32, not TF32.
     upcast = INTERPRETED and q.dtype == torch.bfloat16
     dot_precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
-    use_pdl = cfg.pdl and not INTERPRETED
+    # PDL in eager calls and CUDA graphs only: inductor's user-kernel path does not take launch_pdl.
+    use_pdl = cfg.pdl and not INTERPRETED and not torch.compiler.is_compiling()
     _launchable(_tree_attention_kernel)[(programs, cfg.num_splits)](
         q,
         k_cache,
@@ -559,6 +568,7 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
         UPCAST=upcast,
         USE_PDL=use_pdl,
         ONE_LOOP=cfg.one_loop,
+        BALANCED=cfg.balanced,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if use_pdl else {}),
