@@ -75,8 +75,8 @@ from triton.runtime.interpreter import InterpretedFunction
 FP32_MAX_BLOCK_S = 64
 FP32_MAX_STAGES = 2
 # fp32 partial values the merge loads a step for four warps (64 registers a thread; twice that in flight,
-# since the next step's loads are issued before this step's sums): all the live splits of plain decode
-# (4 rows x 128 dims x 16 splits) in one round trip.
+# since the next step's loads are issued before this step's sums). A step holds every split of one or more
+# rows: 64 splits x 128 dims is one row; plain decode's 32-split grid takes 2 of its 4 rows a step.
 MERGE_ELEMS = 8192
 
 
@@ -121,14 +121,16 @@ class Tuning(NamedTuple):
 # The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
 # rows. Decode: 2 waves of 16-row programs (32 splits at batch 1 with 8 kv heads). Trees: one program per SM
 # (a second wave lost: 6 and 8 splits above), since the single merging program reads every live split's
-# fp32 partial (64 rows x 128 fp32 a partial).
+# fp32 partial (64 rows x 128 fp32 a partial). An sm_90 compile (Triton 3.6, the 8B shape) of these: decode
+# 247 registers (the merge's peak; 196 with merge_elems 4096) and 72 KB of shared memory, two programs an
+# SM; tree 255 registers and 116 KB, one program an SM (84 KB with 2 stages: two).
 TUNING = {
     "decode": Tuning(16, 16, block_s=128, num_warps=4, num_stages=2, waves=2.0),
     # 128-row tiles pay once there are programs enough (batch 8, N = 64, 8k: 176 vs 212 us) but leave SMs
     # idle at batch 1, so small grids use 64 (see above for batch 1).
     "tree": Tuning(128, 64, block_s=64, num_warps=4, num_stages=3, waves=1.0),
 }
-# The largest row tile the launcher takes (16 warps, 4 warp groups of 64 rows).
+# The largest row tile the launcher takes (16 warps; at head_dim 128 they spill registers on sm_90).
 MAX_BLOCK_R = 256
 # Cap on the split grid: programs past the live range still cost a launch slot each. With MAX_SPLITS x 128
 # dims <= MERGE_ELEMS the merge loads every split of a row in one step.
