@@ -11,11 +11,13 @@ decoded weights as a register operand, the planes staged by cp.async, no spills.
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_within, bits16, check_nonfinite_escapes, run_kernel_cases_in_interpreter
-from test_w12_kernels import compile_sm90, make_weight
+from test_w12_kernels import compile_sm90, emulate_ptx, every_code_record, expected_pairs, make_weight, quads_of
 
 from w12.codec import encode
 from w12.format import decode_reference
@@ -37,6 +39,7 @@ from w12.kernels.config import (
     tc_split_for,
     tc_table_key,
 )
+from w12.kernels.decode import EXACT_QUAD_PTX
 from w12.kernels.gemm import kernel_for
 from w12.linear import W12Linear
 
@@ -131,8 +134,23 @@ def test_tuned_table_nearest_shape(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# sm_90 builds on the CPU
+# The one-quad PTX, emulated (test_w12_kernels.py's emulator), and sm_90 builds on the CPU
 # ---------------------------------------------------------------------------------------------------------
+
+
+def test_quad_ptx_decodes_every_code():
+    # The 16-bit lo operand is zero-extended by its cvt: for the emulator (32-bit values) that is an and.
+    w = every_code_record(256)
+    H, L, base2 = quads_of(w)
+    assert "cvt.u32.u16 l, $3;" in EXACT_QUAD_PTX
+    out = emulate_ptx(EXACT_QUAD_PTX.replace("cvt.u32.u16 l, $3;", "and.b32 l, $3, 0xFFFF;"), {2: H, 3: L, 4: base2})
+    want_e, want_o = expected_pairs(decode_reference(w))
+    bad = np.nonzero((out[0] != want_e) | (out[1] != want_o))[0]
+    assert bad.size == 0, f"{bad.size} quads wrong, first {bad[0]}: {out[0][bad[0]]:#x} vs {want_e[bad[0]]:#x}"
+    # Only instructions the emulator knows, besides the cvt.
+    ops = {m.group(1) for m in re.finditer(r"^\s*([a-z0-9]+\.[a-z0-9.]+)\s", EXACT_QUAD_PTX, re.M)}
+    assert ops <= {"mov.b32", "shl.b32", "shr.u32", "add.u32", "prmt.b32", "lop3.b32", "cvt.u32.u16"}, ops
+
 
 TC_ARG_TYPES = {
     "x_ptr": "*bf16",
@@ -188,7 +206,7 @@ def test_tc_kernel_compiles_for_sm90(M, cfg, view8):
     assert "ttng.warp_group_dot" in ttgir
     assert f"tensor<{cfg.block_n}x{cfg.block_k // 2}xbf16, #ttg.dot_op<{{opIdx = 0" in ttgir
     assert "async_copy_global_to_local" in ttgir  # cp.async pipeline of the planes
-    assert ("0x07F007F0" if view8 else "0x4342") in k.asm["ptx"]  # decode.py's VIEW8_PTX / EXACT_PTX
+    assert ("0x07F007F0" if view8 else "cvt.u32.u16 l,") in k.asm["ptx"]  # VIEW8_PTX / EXACT_QUAD_PTX
     if usage:
         assert "LOCAL:0" in usage, f"register spills: {usage}"
 
