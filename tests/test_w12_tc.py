@@ -371,6 +371,10 @@ def test_sweep_dry_run_on_cpu(monkeypatch, tmp_path):
     assert tc_table_key(1, 48, 128) in suite.chosen_table([{**m1, "speedup_best": 1.05}])
     metrics = suite.summarize(rows)
     assert {"gemm_speedup_best_geomean_m8_llama8b", "achieved_TBps_o_m8_llama8b"} <= set(metrics)
+    args.results_dir = tmp_path
+    suite._write_partial(args, rows, 1.5)
+    partial = json.loads((tmp_path / "w12_gemm_partial.json").read_text())
+    assert partial["tuned_tc"] == table and len(partial["rows"]) == 2
     text = suite.summary_table(metrics, ["llama-3.1-8b"], [1, 8])
     assert text.splitlines()[0].split()[:3] == ["model", "M", "geomean"] and len(text.splitlines()) == 3
 

@@ -356,6 +356,21 @@ def summary_table(metrics: dict, models: list[str], Ms: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _write_partial(args, rows: list[dict], elapsed_s: float) -> None:
+    """The rows so far, their metrics and chosen table, rewritten after every shape to
+    ``<results-dir>/w12_gemm_partial.json``: a run cut off by a time limit still leaves its measurements."""
+    out_dir = getattr(args, "results_dir", None)
+    if out_dir is None:
+        return
+    import json
+
+    from ..harness.jsonable import to_jsonable
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"elapsed_s": elapsed_s, "metrics": summarize(rows), "tuned_tc": chosen_table(rows), "rows": rows}
+    (out_dir / "w12_gemm_partial.json").write_text(json.dumps(to_jsonable(record), indent=1) + "\n")
+
+
 @register_suite("w12_gemm", add_args=_args)
 def w12_gemm(args: argparse.Namespace) -> dict:
     """W12 exact GEMM and 8-bit view vs cuBLAS BF16 on Llama-3.1-8B / Qwen3-8B / Llama-3.2-1B projections."""
@@ -366,11 +381,13 @@ def w12_gemm(args: argparse.Namespace) -> dict:
     Ms = [int(m) for m in args.ms.split(",")]
     projections = args.projections.split(",")
     rows: list[dict] = []
+    t0 = time.perf_counter()
     for model in args.models.split(","):
         for proj, (K, N) in projection_shapes(model).items():
             if proj in projections:
                 rows += _time_shape(model, proj, K, N, Ms, args)
                 torch.cuda.empty_cache()
+                _write_partial(args, rows, time.perf_counter() - t0)
     metrics = summarize(rows)
     outside = sum(
         r["w12_outside_tolerance"] + r["view8_outside_tolerance"] + r.get("w12_cuda_outside_tolerance", 0) for r in rows
