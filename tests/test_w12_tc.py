@@ -411,3 +411,22 @@ def test_gpu_tc_asm_and_tl_decodes_agree(M):
 
 def sweep_configs_for_test(M: int) -> list[TcConfig]:
     return [c.with_split(s) for c in tc_candidates(M)[:3] for s in (1, 3)]
+
+
+@pytest.mark.gpu
+def test_gpu_tc_cuda_graph_and_compile():
+    from test_w12_kernels import gpu_weight
+
+    w = encode(gpu_weight(4096, 4096, seed=3))
+    layer = W12Linear(w).cuda()
+    x = torch.randn(16, 4096, device="cuda").to(torch.bfloat16)
+    eager = layer(x)  # the tensor-core kernel, split-K (counters and partials)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x)
+    for _ in range(3):
+        graph.replay()
+        assert torch.equal(bits16(out), bits16(eager))
+    compiled = torch.compile(layer, fullgraph=True)
+    assert torch.equal(bits16(compiled(x)), bits16(eager))
+    assert int(layer.counters.abs().sum()) == 0
