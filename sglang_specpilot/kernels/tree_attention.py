@@ -494,7 +494,11 @@ def _tickets(device: torch.device, n: int) -> torch.Tensor:
     return t
 
 
-def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Config) -> torch.Tensor:
+def _launch(
+    q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Config, compile_only: bool = False
+) -> torch.Tensor:
+    # compile_only: compile the kernel these arguments launch, without launching it (the benchmark's sweep
+    # compiles its shapes at once under triton.AsyncCompileMode); GPU only.
     B, Nq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     W = anc.shape[-1]
@@ -527,7 +531,9 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
     dot_precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
     # PDL in eager calls and CUDA graphs only: inductor's user-kernel path does not take launch_pdl.
     use_pdl = cfg.pdl and not INTERPRETED and not torch.compiler.is_compiling()
-    _launchable(_tree_attention_kernel)[(programs, cfg.num_splits)](
+    grid = (programs, cfg.num_splits)
+    kernel = _tree_attention_kernel.warmup if compile_only else _launchable(_tree_attention_kernel)[grid]
+    kernel(
         q,
         k_cache,
         v_cache,
@@ -574,6 +580,7 @@ def _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale: float, cfg: Confi
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if use_pdl else {}),
+        **({"grid": grid} if compile_only else {}),
     )
     return o
 
