@@ -12,22 +12,24 @@ write bytes) and a 1 GiB sum (read bytes). On the project's H200 the copy read 2
 runs), under the 4.3 TB/s of an eager copy elsewhere, hence the sum beside it.
 
     python benchmarks/attention_bench.py [--results-dir DIR] [--old PATH_TO_OLD_MODULE]
-    python benchmarks/attention_bench.py --sweep [--regime decode|tree|both] [--budget-s 80] [--results-dir DIR]
+    python benchmarks/attention_bench.py --sweep [--regime decode|tree|both] [--budget-s 65] [--results-dir DIR]
 
 ``measure_attention(device)`` returns the metrics; ``attention_over_floor_{1,64}rows_{1k,4k}`` is the step
 time over the floor (the goal: <= 2 at 4k, <= 3 at 1k).
 
-``--sweep`` first times each launch shape of SWEEP (per regime: decode = 1 row, tree = 64 rows) at both
-contexts through the kernel's launcher, checked against the reference (error, determinism, tickets left
-zero), and scores it by its worse context against the goal (max over contexts of x floor / goal). The
-capacity is static, so one shape must serve both contexts, as in the engine. It prints each regime's best
-as the ``TUNING`` entry of ``kernels/tree_attention.py`` that reproduces it, then the default measurement
-(what ``measure_attention`` reports, with the table as committed), and writes both to
-``attention_bench.json`` under ``--results-dir`` (default $OUT). A time budget (``--budget-s``, 65 s,
-counted from the start) stops the sweep early so the run stays within 90 s on the H200; the first shape of each
-list is the table's current choice. Shapes marked ``pdl`` launch with programmatic dependent launch: a call
-starts while the one before it (here the previous layer's call, in the engine whatever kernel precedes it)
-finishes and waits for it before its first load; it never triggers the next kernel early.
+``--sweep`` first compiles every launch shape of ``_sweep_configs()`` at once on a thread pool, then times
+each (per regime: decode = 1 row, tree = 64 rows) at both contexts through the kernel's launcher, checked
+against the reference (the tests' bf16 tolerance, determinism, tickets left zero), and scores it by its
+worse context against the goal (max over contexts of x floor / goal): the capacity is static, so one shape
+must serve both contexts, as in the engine. Then it toggles each flag (pdl, one_loop, balanced,
+half_partials) on the best. It prints each regime's best as the ``TUNING`` entry of
+``kernels/tree_attention.py`` that reproduces it, then the default measurement (what ``measure_attention``
+reports, with the table as committed), and writes both to ``attention_bench.json`` under ``--results-dir``
+(default $OUT). A time budget (``--budget-s``, counted from the start of main) cuts the sweep short so the
+run stays within 90 s on the H200; the first shape of each list is the table's current choice. Shapes
+marked ``pdl`` launch with programmatic dependent launch: a call starts while the one before it (here the
+previous layer's call, in the engine whatever kernel precedes it) finishes, and waits for it before its
+first load; it never triggers the next kernel early.
 """
 
 from __future__ import annotations
