@@ -128,7 +128,12 @@ TUNING = {
     "decode": Tuning(16, 16, block_s=128, num_warps=4, num_stages=2, waves=2.0),
     # 128-row tiles pay once there are programs enough (batch 8, N = 64, 8k: 176 vs 212 us) but leave SMs
     # idle at batch 1, so small grids use 64 (see above for batch 1).
-    "tree": Tuning(128, 64, block_s=64, num_warps=4, num_stages=3, waves=1.0),
+    # attention_bench --sweep on the H200 (3c51311, 8B shape, 64 rows, 32 layers' caches): 64-row tiles at
+    # half a wave (2 splits at batch 1) took 704 / 1212 us at 1k / 4k against this table's former entry
+    # (128-row tiles, one wave: 4 splits) at 1114 / 1377 us; the single merging program's fp32 partial
+    # reads are what more splits cost. bf16 partials (half_partials) measured 505 / 1014 us but change the
+    # verify pass's rounding, so they stay off until token forcing has judged them.
+    "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5),
 }
 # The largest row tile the launcher takes (16 warps; at head_dim 128 they spill registers on sm_90).
 MAX_BLOCK_R = 256
