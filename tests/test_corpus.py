@@ -130,3 +130,14 @@ def test_offline_prompt_set_of_the_cli():
         check_prompt_set("offline:0")
     got = _prompt_set("offline:7", vocab=100)
     assert got == train.offline_prompts()[:7] and all(isinstance(p, str) for p in got)
+
+
+def test_heldout_general_prompts_are_not_training_prompts(committed):
+    from sglang_specpilot.drafters.general import heldout_general
+
+    trained = {r["prompt"] for r in committed[1]}
+    got = heldout_general(40, trained)
+    assert len(got) == len(set(got)) == 40 and not set(got) & trained
+    assert got == heldout_general(40, trained)  # deterministic
+    # Planting the first held-out prompt into the training set moves it out of the held-out list.
+    assert got[0] not in heldout_general(40, trained | {got[0]})

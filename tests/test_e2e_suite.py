@@ -251,6 +251,8 @@ def test_lifted_models_and_refusals(folders, tmp_path):
     assert run.target.cfg.hidden_size == 640 and run.drafter.fc.weight.shape == (640, 3 * 640)
     assert run.drafter.embed is run.target.embed and run.real_vocab == V
     assert all(0 < len(p) and max(p) < V for p in run.tune_prompts())
+    args.tune_prompts = "general:3"  # held-out chat prompts (the default's second half)
+    assert len(run.tune_prompts()) == 3
     args.tune_prompts = "mtbench"
     with pytest.raises(SystemExit, match="evaluation set"):
         run.tune_prompts()

@@ -208,3 +208,23 @@ def arith_snippets(count: int = 900, seed: int = 7) -> list[dict]:
         out.append({"source": "arith", "kind": "arith", "module": "arith", "name": "arithmetic",
                     "ref": f"arith:{len(out)}", "text": p})  # fmt: skip
     return out
+
+
+def heldout_general(n: int, trained: set[str], seed: int = 1234) -> list[str]:
+    """``n`` general chat prompts that are not in ``trained`` (the committed training set's prompts).
+
+    For tuning on chat-like text the drafter never trained on (MT-Bench is an evaluation set and never
+    tuned on): the same topics and task kinds as the ``general`` source, in combinations training did not
+    draw. Deterministic for a seed.
+    """
+    rng = random.Random(seed)
+    combos = [(t, name) for t in topics() for name in GENERAL_TEMPLATES]
+    rng.shuffle(combos)
+    out: list[str] = []
+    for topic, name in combos:
+        if len(out) >= n:
+            break
+        prompt = render_general(name, topic, rng)
+        if prompt not in trained and prompt not in out:
+            out.append(prompt)
+    return out
