@@ -132,7 +132,10 @@ TUNING = {
     # half a wave (2 splits at batch 1) took 704 / 1212 us at 1k / 4k against this table's former entry
     # (128-row tiles, one wave: 4 splits) at 1114 / 1377 us; the single merging program's fp32 partial
     # reads are what more splits cost. bf16 partials (half_partials) measured 505 / 1014 us but change the
-    # verify pass's rounding, so they stay off until token forcing has judged them.
+    # verify pass's rounding, so they stay off until token forcing has judged them. Open: in the engine,
+    # the rounds suite at 2f61596 (this table, and the merge of eed79f6) timed verify64 / verify1 at 1.178
+    # and the tree-32 round at 14.80 ms, against 1.125 and 14.26 ms at eda5a8e (the old table and merge):
+    # two changes at once across runs, so not an A/B of either (attention_engine_check_h200.json).
     "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5),
 }
 # The largest row tile the launcher takes (16 warps; at head_dim 128 they spill registers on sm_90).
