@@ -537,9 +537,19 @@ def _ar_engine(args, mode: str, max_batch: int = 1):
 
 def cmd_tau(args: argparse.Namespace) -> int:
     from .harness.tau_replay import tau_report
+    from .harness.tlv_replay import TLVReplay
 
     check_prompt_set(args.prompts)
     _positive(args, "new_tokens", "depth", "top_k")
+    # --tlv is replayed, never run: the AR engine that records the greedy text is a plain one.
+    tlv = TLVReplay(args.tlv_chain_len, args.tlv_root_budget) if args.tlv else None
+    args.tlv = False
+    if tlv is not None:
+        _positive(args, "tlv_chain_len")
+        if args.tlv_root_budget < 0:
+            raise ValueError(f"--tlv-root-budget must be >= 0, got {args.tlv_root_budget}")
+        if args.weights != "w12":
+            raise ValueError("--tlv replays the Q pass on W12's 8-bit view: it needs --weights w12")
     budgets = [b.strip() for b in args.budgets.split(",")]
     if not all(b.isdigit() and int(b) >= 1 for b in budgets):
         raise ValueError(f"--budgets must be a comma list of positive integers, got {args.budgets!r}")
@@ -554,7 +564,9 @@ def cmd_tau(args: argparse.Namespace) -> int:
     chat = not args.no_chat and not args.synthetic and hasattr(ar.tokenizer, "apply_chat_template")
     prompts = [ar.encode(p, chat) for p in _prompt_set(args.prompts, ar.target.cfg.vocab_size)]
     t0 = time.perf_counter()
-    out = tau_report(ar, draft, prompts, args.new_tokens, args.depth, args.top_k, budgets=tuple(map(int, budgets)))
+    out = tau_report(
+        ar, draft, prompts, args.new_tokens, args.depth, args.top_k, budgets=tuple(map(int, budgets)), tlv=tlv
+    )
     out.update(
         {
             "prompts": args.prompts,
@@ -746,7 +758,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile", metavar="DIR", help="run the options a `specpilot tune --out DIR` run confirmed")
     _add_engine_args(g)
 
-    t = command("tau", "replay tau (tokens per round) of chains, best-first trees and top-k oracles for a drafter")
+    t = command(
+        "tau",
+        "replay tau (tokens per round) of chains, best-first trees and top-k oracles for a drafter",
+        epilog="--tlv (with --weights w12) also replays two-level verification at every tree budget N: a Q chain\n"
+        "of --tlv-chain-len tokens from the 8-bit view, --tlv-root-budget nodes of a tree from the root, the\n"
+        "rest of N hanging from the chain's end; tlv_tokens_per_exact_pass_ratio is TLV over tree(N) at the\n"
+        "best tree's N.",
+    )
     t.add_argument(
         "--prompts",
         default="humaneval:100-163",
@@ -757,7 +776,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--top-k", type=int, default=8, help="children per expanded node in the lattice")
     t.add_argument("--budgets", default="8,16,32,64", help="tree budgets (nodes verified per round) to replay")
     t.add_argument("--no-chat", action="store_true", help="replay the prompts raw, without the chat template")
-    _add_engine_args(t, ("model", "draft", "draft_layers", "synthetic", "device", "dtype", "max_seq_len"))
+    _add_engine_args(
+        t,
+        ("model", "draft", "draft_layers", "synthetic", "device", "dtype", "max_seq_len", "weights", "tlv")
+        + ("tlv_chain_len", "tlv_root_budget"),
+    )
 
     d = command(
         "train-drafter",

@@ -8,6 +8,8 @@ exactly as the engine grows it (``engine.draft_tree.expand_lattice``). Schemes, 
 - tree(N): best-first tree of N nodes from the lattice (top_k K per depth), longest matching path
 - oracle top-k: accept while the target's token is in the drafter's top-k, at most D (no budget limit)
   (not for EAGLE-3 drafters, whose deeper steps read their own features: chain and trees only)
+- tlv(N) (``tlv=TLVReplay(..)``, a W12 target): two-level verification at the exact-pass budget N of
+  tree(N), replayed by ``harness.tlv_replay`` (its Q chain from the target's 8-bit view)
 
 tau = emitted tokens / rounds (accepted + bonus per round), pooled over the prompts.
 """
@@ -22,6 +24,7 @@ from tree_verify.tau import accepted_on_truth, leading_run, replay
 from ..engine.attn_meta import causal_tree
 from ..engine.draft_tree import expand_lattice
 from ..engine.runner import ModelRunner
+from .tlv_replay import QChains, TLVReplay, eagle_hang_lattice, tlv_accept, tlv_summary
 
 TREE_BUDGETS = (8, 16, 32, 64)
 ORACLE_KS = (4, 16)
@@ -127,7 +130,7 @@ class _EagleReplay:
 
 
 @torch.inference_mode()
-def _eagle_tau(target, draft, prompt, g, depth, top_k, budgets, add) -> None:
+def _eagle_tau(target, draft, prompt, g, depth, top_k, budgets, add, tlv=None, tallies=None) -> None:
     # Chain: the lattice of top_k 1 (the drafter's own features feed its deeper steps, so teacher-forced
     # ranks would overstate it); trees: best-first from the top_k lattice.
     seq = list(prompt) + g
@@ -137,6 +140,23 @@ def _eagle_tau(target, draft, prompt, g, depth, top_k, budgets, add) -> None:
     rep = _EagleReplay(target, draft, seq, len(prompt), depth, top_k, feats=chain.feats)  # one target pass
     for n in budgets:
         add(f"tree{n}", replay(T, lambda t, n=n: accepted_on_truth(_single(best_first(rep.lattice(t), n)), g[t:])))
+    if tlv is None:
+        return
+    q = QChains(target, seq, len(prompt), tlv.chain_len, draft.feature_layers)
+    hangs: dict[int, object] = {}  # round start -> the hanging lattice (one per t, every budget reads it)
+
+    def hang(t):
+        if t not in hangs:
+            hangs[t] = eagle_hang_lattice(rep, t, tlv.chain_len, q.chain(t)[1])
+        return hangs[t]
+
+    for n in tlv.budgets(budgets, rep.E * top_k):
+        tally = tallies.setdefault(n, [0, 0])
+        add(f"tlv{n}", replay(T, lambda t, n=n, tally=tally: _tlv_round(tlv, n, g, t, q, hang, rep.lattice, tally)))
+
+
+def _tlv_round(tlv, n, g, t, q, hang, root, tally) -> int:
+    return tlv_accept(tlv, n, g, t, q.chain(t)[0], lambda: hang(t), lambda: root(t), tally)
 
 
 def tau_report(
@@ -148,15 +168,29 @@ def tau_report(
     top_k: int = 8,
     budgets=TREE_BUDGETS,
     oracle_ks=ORACLE_KS,
+    tlv: TLVReplay | None = None,
 ) -> dict:
-    """tau of chain / tree(N) / oracle top-k for ``draft`` against ``target_engine``'s greedy output."""
+    """tau of chain / tree(N) / oracle top-k (and with ``tlv`` TLV at every budget N it fits, with its Q-chain
+    agreement and the issue's ratio, ``tlv_replay.tlv_summary``) for ``draft`` against ``target_engine``'s
+    greedy output."""
     from ..engine import SamplingParams
 
     cands = (1 + (depth - 1) * top_k) * top_k
     if max(budgets) > cands:
         raise ValueError(f"tree budget {max(budgets)} exceeds the {cands} candidates of depth {depth}, top_k {top_k}")
+    if tlv is not None:
+        from ..models.w12_weights import has_w12
+
+        if not has_w12(target_engine.target):
+            raise ValueError("the TLV replay needs W12 weights (--weights w12): its Q pass reads their 8-bit view")
+        if not tlv.budgets(budgets, cands):
+            raise ValueError(
+                f"no tree budget leaves the TLV hanging tree a node: budgets {tuple(budgets)}, chain "
+                f"{tlv.chain_len} + root {tlv.root_budget} (at most {cands} candidates)"
+            )
     params = SamplingParams(max_new_tokens=new_tokens)
     totals: dict[str, list[int]] = {}
+    tallies: dict[int, list[int]] = {}  # TLV budget -> [Q-chain tokens accepted, Q-chain tokens proposed]
 
     def add(name, tr):
         acc = totals.setdefault(name, [0, 0])
@@ -168,7 +202,7 @@ def tau_report(
         if len(g) < 2:
             continue
         if hasattr(draft, "feature_layers"):  # an EAGLE-3 drafter reads the target's features
-            _eagle_tau(target_engine.target, draft, prompt, g, depth, top_k, budgets, add)
+            _eagle_tau(target_engine.target, draft, prompt, g, depth, top_k, budgets, add, tlv, tallies)
             continue
         rep = _DraftReplay(draft, list(prompt) + g, len(prompt), depth, top_k)
         T = len(g)
@@ -182,10 +216,24 @@ def tau_report(
                 return accepted_on_truth(_single(tree), g[t:])
 
             add(f"tree{n}", replay(T, acc))
+        if tlv is not None:
+            q = QChains(target_engine.target, list(prompt) + g, len(prompt), tlv.chain_len)
+            # A Q chain that spells the truth leaves the drafter drafting from the true text: the hanging
+            # lattice is the plain replay's lattice at round start t + L.
+            for n in tlv.budgets(budgets, cands):
+                tally = tallies.setdefault(n, [0, 0])
+
+                def tlv_acc(t, n=n, r=rep, q=q, g=g, tally=tally):
+                    return _tlv_round(tlv, n, g, t, q, lambda t: r.lattice(t + tlv.chain_len), r.lattice, tally)
+
+                add(f"tlv{n}", replay(T, tlv_acc))
     out = {f"tau_{k}": round(v[0] / v[1], 4) for k, v in totals.items() if v[1]}
     if "tau_chain" in out and "tau_tree32" in out:
         out["tau_ratio_tree32_chain"] = round(out["tau_tree32"] / out["tau_chain"], 4)
     out.update({f"rounds_{k}": v[1] for k, v in totals.items()})
+    out.update({f"tlv{n}_q_chain_agreement": round(a / p, 4) for n, (a, p) in tallies.items() if p})
+    if tlv is not None:
+        tlv_summary(out, tlv, budgets)
     return out
 
 
