@@ -13,7 +13,10 @@ Every strategy is tensor ops over static shapes (no host reads), so a round stay
             (D + 1) T steps of work, T states kept.
     wy      all root paths at once (TreeWY, ``models/gdn_ops.tree_wy``): one unit-triangular solve
             over the ancestor mask, prefixes shared; keeps only k, u and the path log-decays (T (d_k +
-            d_v + 1) numbers per head instead of T d_k d_v) and rebuilds the one accepted state.
+            d_v + 1) numbers per head instead of T d_k d_v) and rebuilds the one accepted state. On CUDA
+            (and under TRITON_INTERPRET=1) the solve is the Triton kernel ``kernels/gdn_tree_wy.py``,
+            given ``levels`` as its bound on path length; elsewhere, or for shapes it does not take,
+            the PyTorch form.
 
 ``run`` returns (o [B, T, H, d_v], memo); ``state_after(memo, S0, tree, last)`` -> [B, H, d_k, d_v].
 """
@@ -25,6 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from ..models.gdn_ops import recurrent, recurrent_step, state_at, tree_wy
+
+try:  # Triton is optional on CPU-only installs; the WY strategy then keeps the PyTorch form.
+    from ..kernels.gdn_tree_wy import gdn_tree_wy
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    gdn_tree_wy = None
 
 STRATEGIES = ("stock", "path", "wy")
 
@@ -87,7 +95,10 @@ class PathRecompute:
 
 class WY:
     def run(self, q, k, v, g, beta, S0, tree: Tree):
-        o, u, G = tree_wy(q, k, v, g, beta, S0, tree.anc)
+        if gdn_tree_wy is None:
+            o, u, G = tree_wy(q, k, v, g, beta, S0, tree.anc)
+        else:  # the kernel where it runs natively (it falls back to tree_wy itself elsewhere)
+            o, u, G = gdn_tree_wy(q, k, v, g, beta, S0, tree.anc, tree.levels)
         return o, (k, u, G)
 
     def state_after(self, memo, S0, tree: Tree, last):
