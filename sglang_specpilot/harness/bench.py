@@ -39,6 +39,7 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.suites.colocate",
     "sglang_specpilot.suites.e2e",
     "sglang_specpilot.suites.foundation",
+    "sglang_specpilot.suites.hybrid",
     "sglang_specpilot.suites.noise",
     "sglang_specpilot.suites.rounds",
     "sglang_specpilot.suites.trees",
