@@ -56,6 +56,7 @@ FLAG_NAMES = {
     "auto_off_probe_every": "--auto-off-probe-every",
     "adaptive_depths": "--adaptive-depths",
     "shared_budget": "--shared-budget",
+    "prompt_admission": "--prompt-admission",
     "auto_off": "--auto-off",
     "ngram_size": "--ngram",
     "draft_layers": "--draft-layers",
@@ -104,7 +105,7 @@ ENGINE_FLAGS = (
     "model", "draft", "draft_layers", "ngram", "synthetic", "mode", "gamma", "device", "dtype", "max_seq_len",
     "cuda_graphs", "compile", "weights", "draft_weights", "tree_budget", "tree_depth", "tree_top_k",
     "tlv", "tlv_chain_len", "tlv_hang_budget", "tlv_root_budget",
-    "auto_off", "auto_off_curve", "auto_off_probe_every", "adaptive_depths", "shared_budget",
+    "auto_off", "auto_off_curve", "auto_off_probe_every", "adaptive_depths", "shared_budget", "prompt_admission",
 )  # fmt: skip
 ENGINE_DEFAULTS = {
     "model": None, "draft": None, "draft_layers": None, "ngram": DEFAULT_NGRAM, "synthetic": False, "mode": "spec",
@@ -112,7 +113,7 @@ ENGINE_DEFAULTS = {
     "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
     "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
     "auto_off": False, "auto_off_curve": None, "auto_off_probe_every": 16, "adaptive_depths": None,
-    "shared_budget": None,
+    "shared_budget": None, "prompt_admission": 0,
 }  # fmt: skip
 
 
@@ -192,6 +193,10 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
             "--shared-budget", type=int, metavar="N",
             help="tree rounds: one verify-node budget shared by the batch's rows, best path probability first "
             "(each row at most --tree-budget)"),
+        "prompt_admission": lambda: g.add_argument(
+            "--prompt-admission", type=int, default=0, metavar="TOKENS",
+            help="prompt tokens a round may carry: a prompt arriving while rows run that fits is prefilled inside "
+            "the next round's verify pass (one read of the weights for both); 0: off"),
     }  # fmt: skip
     for name in only:
         add[name]()
@@ -268,6 +273,7 @@ def engine_options(args: argparse.Namespace):
         auto_off_probe_every=args.auto_off_probe_every,
         adaptive_depths=(args.adaptive_depths or ()) if args.mode == "spec" else (),
         shared_budget=args.shared_budget if args.mode == "spec" else None,
+        prompt_admission=args.prompt_admission,
         **kw,
     )
 
@@ -688,7 +694,14 @@ def serve_options(args: argparse.Namespace):
     """``generate``'s engine options with ``--max-batch-size`` KV rows (a server batches its requests)."""
     from dataclasses import replace
 
-    return with_profile(replace(engine_options(args), max_batch_size=args.max_batch_size), args)
+    options = with_profile(replace(engine_options(args), max_batch_size=args.max_batch_size), args)
+    if getattr(args, "colocate_where_wins", False):
+        from .controller.colocate_profile import where_wins
+        from .controller.tune_profile import env_profile
+
+        options, decided = where_wins(options, getattr(args, "profile", None) or env_profile())
+        print(decided, file=sys.stderr, flush=True)
+    return options
 
 
 def with_profile(options, args: argparse.Namespace):
@@ -835,6 +848,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--max-batch-size", type=int, default=8, help="KV rows: requests decoded together")
     s.add_argument("--profile", metavar="DIR", help="run the options a `specpilot tune --out DIR` run confirmed")
+    s.add_argument(
+        "--colocate-where-wins",
+        action="store_true",
+        help="co-locate draft and target rounds only at the batch sizes where the tuned profile (--profile "
+        "or SPECPILOT_PROFILE) measured two co-located rounds to beat one full-batch round; else off",
+    )
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="log level of the server and uvicorn")  # fmt: skip
     lim = s.add_argument_group("limits (each refusal is a 4xx in OpenAI's error shape)")

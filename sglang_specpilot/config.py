@@ -69,6 +69,9 @@ class EngineOptions:
         step verifies one half while drafting the other on a second stream (``engine.colocated``). Off by
         default: at batch 8 on the H200 a co-located round served its half at 0.625x the throughput of one
         round over the whole batch (benchmarks/results/colocate_h200.json, DEVICE.md).
+    colocate_batches : with ``colocate``, the batch buckets at which rounds are co-located; the others run the
+        conventional round (``controller.colocate_profile.where_wins`` sets it from a tuned profile's
+        measurements). None: every batch, as ``colocate`` alone.
     tlv : two-level verification (issue 16; ``engine.tlv_round``): each round a Q pass, the target on W12's
         8-bit view, drafts a greedy chain of ``tlv_chain_len`` tokens and accepts nothing; the drafter drafts
         again from the chain's end; one exact pass verifies both. Needs ``weights="w12"`` and a draft model.
@@ -92,6 +95,10 @@ class EngineOptions:
     shared_budget : tree rounds: one verify-node budget shared by all rows of a round (``engine.shared_budget``):
         nodes go to the rows whose next nodes have the highest path probability, each row at most
         ``tree_budget``. None (the default): every row verifies ``tree_budget`` nodes.
+    prompt_admission : prompt tokens a round may carry in its target forward (``engine.admission``): a prompt
+        that arrives while rows are running and fits is prefilled inside the next round's verify pass (one
+        read of the weights for both) instead of a separate prefill that holds the running rows back; at most
+        ``prefill_chunk``. 0 (the default): every prompt gets its own prefill, as before.
     """
 
     model: str | None = None
@@ -125,6 +132,8 @@ class EngineOptions:
     auto_off_probe_every: int = 16
     adaptive_depths: tuple[int, ...] = ()
     shared_budget: int | None = None
+    prompt_admission: int = 0
+    colocate_batches: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -152,6 +161,10 @@ class EngineOptions:
             raise ValueError("colocate runs chain rounds; it cannot be combined with tree options")
         if self.colocate and self.max_batch_size < 2:
             raise ValueError("colocate splits the KV rows in two halves: max_batch_size >= 2 is required")
+        if self.colocate_batches is not None:
+            self.colocate_batches = tuple(sorted(set(self.colocate_batches)))
+            if not self.colocate or any(b < 1 for b in self.colocate_batches):
+                raise ValueError("colocate_batches lists batch sizes >= 1 for colocate rounds: it needs colocate")
         if self.gdn_verify not in GDN_VERIFY:
             raise ValueError(f"unknown gdn_verify {self.gdn_verify!r}; choose from {', '.join(GDN_VERIFY)}")
         if self.tree:
@@ -179,6 +192,12 @@ class EngineOptions:
             )
         if (self.adaptive_depths or self.auto_off or self.shared_budget is not None) and (self.colocate or self.tlv):
             raise ValueError("auto_off, adaptive_depths and shared_budget run plain rounds; not with colocate or tlv")
+        if not 0 <= self.prompt_admission <= self.prefill_chunk:
+            raise ValueError(
+                f"prompt_admission must be in 0..{self.prefill_chunk} (one prefill chunk), got {self.prompt_admission}"
+            )
+        if self.prompt_admission and (self.colocate or self.tlv):
+            raise ValueError("prompt_admission rides in a plain round's target forward; not with colocate or tlv")
         if self.shared_budget is not None:
             if not self.tree:
                 raise ValueError("shared_budget shares tree nodes: it needs tree rounds (tree_budget)")

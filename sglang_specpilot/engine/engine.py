@@ -121,6 +121,8 @@ class Engine:
         self.eos = frozenset(eos)
         if self.target_runner.recurrent is not None:
             self._check_hybrid(options, shape)
+            if options.prompt_admission:
+                raise ValueError("prompt_admission: a hybrid target's recurrent state is not prefilled inside a round")
         if options.tlv:
             self.round = self._tlv_round(shape)
         else:
@@ -163,6 +165,9 @@ class Engine:
             from .colocated import ColocatedRound
 
             self.colocated = ColocatedRound(self.target_runner, self.draft_runner, shape.depth, self.round)
+        # Co-location only where it wins (``colocate_batches``): rounds by strategy, and the latest one's.
+        self.colocate_rounds = {"colocated": 0, "conventional": 0}
+        self.colocated_last = False
         self._batch: RowBatch | None = None
         self.warmup_s: float | None = None
 
@@ -291,16 +296,23 @@ class Engine:
             "g": torch.zeros(b, w, self.target.cfg.hidden_size, device=self.device, dtype=self.draft.fc.weight.dtype)
         }
 
-    def run_round(self, b: int, bs: BatchSampling, max_len: int | None, kind=None) -> None:
+    def run_round(self, b: int, bs: BatchSampling, max_len: int | None, kind=None, eager: bool = False) -> None:
         """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds
         on CUDA, else ``Round.run`` eagerly (or the co-located strategy, see ``colocated.ColocatedRound``).
-        ``kind``: one of ``self.kinds`` (None: the engine's own round). Reads nothing back to the host."""
+        ``kind``: one of ``self.kinds`` (None: the engine's own round); ``eager``: ``Round.run`` even where a
+        graph is captured (a round carrying a prompt's prefill, ``admission``). Reads nothing back to the host."""
         max_len = max_len if self.device.type != "cuda" else None  # only dense-mask (CPU) attention uses it
         rnd = self.round if kind is None else self.kinds[kind]
         captured = self.captured if kind is None else self.kinds_captured.get(kind)
+        colocate = self.colocated is not None and (
+            self.options.colocate_batches is None or b in self.options.colocate_batches
+        )
         if self.colocated is not None:
+            self.colocated_last = colocate
+            self.colocate_rounds["colocated" if colocate else "conventional"] += 1
+        if colocate:
             self.colocated.run(self.state, b, bs, max_len)
-        elif captured is not None and bs.all_greedy:
+        elif captured is not None and bs.all_greedy and not eager:
             if b not in captured:
                 captured.capture(b, bs)
             captured.replay(b)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .admission import FALLBACK, RIDE, admission_path, build_rider, finish_rider
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
 
@@ -56,6 +57,8 @@ class _Inflight:
     host: torch.Tensor  # [b, D + 3] (pinned on CUDA): a copy of ``state.out``
     done: torch.cuda.Event | None
     kind: object = None  # the round kind it ran (``Engine.kinds``; None: the engine's own round)
+    admitted: list[Request] | None = None  # prompts whose prefill rode in the round (``admission``)
+    admitted_host: torch.Tensor | None = None  # [k, 2]: their first tokens and non-finite flags
 
 
 class RowBatch:
@@ -85,6 +88,12 @@ class RowBatch:
         self.round_tokens = 0  # tokens those row-rounds emitted (accepted drafts + bonus)
         # Chooses each step's round kind from the rows' recent acceptance (None with default options).
         self.policy = getattr(engine, "policy", None)
+        # Prompt admission (``admission``): prompt tokens a round may carry (0: off), the parked prompts
+        # waiting for the next round, and the decisions by path (/metrics).
+        self.admission = getattr(engine.options, "prompt_admission", 0)
+        self._riders: list[Request] = []
+        self.admissions: dict[str, int] = {}
+        self._fallback_events: list[StreamEvent] = []
 
     # ---- occupancy ---------------------------------------------------------------------------------
     @property
@@ -130,6 +139,7 @@ class RowBatch:
         self.state.in_use[row] = False
         self.host_len[row] = 0
         self._bs.clear()
+        self._riders = [r for r in self._riders if r is not req]
         if self.policy is not None:
             self.policy.forget(row)
         return req
@@ -159,7 +169,28 @@ class RowBatch:
         self._bs.clear()
         if self.active:  # a running row whose parameters broke since its admission fails, not the newcomers
             events += self._sampling_failures()
-        return events + self._prefill([r for r in placed if self.rows[r.index] is r])
+        placed = [r for r in placed if self.rows[r.index] is r]
+        if self.admission:
+            placed = self._park_riders(placed)
+        return events + self._prefill(placed)
+
+    def _park_riders(self, placed: list[Request]) -> list[Request]:
+        """Park the requests whose prefill will ride in the next round (``admission``); returns the rest."""
+        new = {id(r) for r in placed} | {id(r) for r in self._riders}
+        running = sum(r is not None and id(r) not in new for r in self.rows)
+        room = self.admission - sum(len(r.prompt) for r in self._riders)
+        rest = []
+        for req in placed:
+            path = admission_path(len(req.prompt), running, room)
+            self.admissions[path] = self.admissions.get(path, 0) + 1
+            if path != RIDE:
+                rest.append(req)
+                continue
+            room -= len(req.prompt)
+            # Parked in the cache's scratch slots: the round's own group writes nothing into the prompt's.
+            self.state.seq_len[req.index] = self.engine.options.max_seq_len
+            self._riders.append(req)
+        return rest
 
     def _place(self, req: Request) -> None:
         """The work of one request alone, before the shared prefill: anything here that raises, raises for
@@ -228,6 +259,8 @@ class RowBatch:
         """
         failed = self._sampling_failures() if self.active else []
         launched = self._launch() if self.active else None
+        failed += self._fallback_events
+        self._fallback_events = []
         if not self.lookahead:
             self._inflight, launched = launched, None
         events = self._collect() if self._inflight is not None else []
@@ -260,18 +293,57 @@ class RowBatch:
         lag = eng.round.shape.max_emitted if self._inflight is not None else 0
         max_len = max(self.host_len[:b]) + lag
         kind = None
+        riders = [r for r in self._riders if self.rows[r.index] is r]
+        self._riders = []
+        riding = {r.index for r in riders}
         if self.policy is not None:
-            kind = self.policy.choose([i for i, r in enumerate(self.rows[:b]) if r is not None], b)
-        eng.run_round(b, bs, max_len, kind)
+            running = [i for i, r in enumerate(self.rows[:b]) if r is not None and i not in riding]
+            kind = self.policy.choose(running, b)
+        admitted = self._run_with_riders(riders, b, bs, max_len, kind) if riders else None
+        if admitted is None:
+            riders, riding = [], set()
+            eng.run_round(b, bs, max_len, kind)
         if self._pinned:
             host = self._pinned[self._launches % 2][:b]
             host.copy_(st.out[:b], non_blocking=True)
+            if admitted is not None:  # a few numbers, read with the round's tokens after the same event
+                admitted = admitted.to("cpu", non_blocking=True)
             done = torch.cuda.Event()
             done.record()
         else:
             host, done = st.out[:b].clone(), None
         self._launches += 1
-        return _Inflight(list(self.rows[:b]), host, done, kind)
+        rows = [None if i in riding else r for i, r in enumerate(self.rows[:b])]  # riders ran no round yet
+        return _Inflight(rows, host, done, kind, riders or None, admitted)
+
+    def _run_with_riders(self, riders: list[Request], b: int, bs, max_len: int, kind) -> torch.Tensor | None:
+        """The round with the parked prompts' prefill in its target forward, then their first tokens (on the
+        device: [k, 2] tokens and non-finite flags). If that fails they are prefilled apart, which isolates a
+        request that fails alone (their events come out of this step), and None is returned."""
+        eng, st = self.engine, self.state
+        hi = self._hi()
+        try:
+            rider = build_rider(eng, riders, hi)
+            eng.target_runner.rider = rider
+            eng.run_round(b, bs, max_len, kind, eager=True)
+            last = finish_rider(eng, rider)
+        except Exception as e:
+            eng.target_runner.rider = None
+            log.warning("a round carrying %d prompts failed (%s: %s); prefilling them apart", len(riders), type(e), e)
+            self.admissions[FALLBACK] = self.admissions.get(FALLBACK, 0) + len(riders)
+            for r in riders:
+                self.state.seq_len[r.index] = 1
+            self._fallback_events += self._prefill(riders)
+            return None
+        first = next_tokens(last, self._sampling(hi))
+        rows = torch.tensor([r.index for r in riders], device=eng.device)
+        bad = nonfinite_rows(last[rows])
+        st.next_tok[rows] = first[rows]
+        st.seq_len[rows] = torch.tensor([len(r.prompt) for r in riders], device=eng.device)
+        st.in_use[rows] = ~bad  # a row with non-finite logits fails when read back; it must not run meanwhile
+        for r in riders:
+            self.host_len[r.index] = len(r.prompt)
+        return torch.stack([first[rows], bad.long()], 1)
 
     def _collect(self) -> list[StreamEvent]:
         inflight = self._inflight
@@ -297,7 +369,18 @@ class RowBatch:
             self.rounds += 1
             self.round_tokens += k
             events += self._emit(req, packed[row][:k], count_round=True)
+        for req, (tok, bad) in zip(inflight.admitted or [], self._admitted_rows(inflight), strict=True):
+            if self.rows[req.index] is not req:  # cancelled since
+                continue
+            if bad:
+                events += self._fail(req, NONFINITE, clear_kv=True)
+                continue
+            events += self._emit(req, [tok], count_round=False)
         return events
+
+    @staticmethod
+    def _admitted_rows(inflight: _Inflight) -> list:
+        return [] if inflight.admitted_host is None else inflight.admitted_host.tolist()
 
     def drain(self) -> list[StreamEvent]:
         """Read back the round in flight, if any (nothing new is launched)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..models.llama import Transformer, fused_attention_supported, run_block
+from ..models.mixed_forward import Group, mixed_forward
 from .attn_meta import build_step_meta, window_mask
 from .gdn_state import RecurrentState
 from .kv_cache import KVCache
@@ -103,6 +104,9 @@ class ModelRunner:
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         # Rounds (engine/round.py) attend with the fused kernel wherever it runs natively.
         self.round_fused = self.fused_attention and self.device.type == "cuda"
+        # A prefill group that rides in this runner's next round forward (prompt admission, see
+        # engine/admission.py): one pass reads the weights for both; its result lands in ``rider.out``.
+        self.rider = None
 
     def _forward(
         self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False, **extra
@@ -189,6 +193,8 @@ class ModelRunner:
         return out
 
     def _round_forward(self, tokens, positions, slots, seq_len, anc, kv_len, **extra) -> torch.Tensor:
+        if self.rider is not None:
+            return self._ride(tokens, positions, slots, seq_len, anc, kv_len, **extra)
         if self.round_fused:
             return self.model(
                 tokens, positions, slots, None, self.kv.layers, None, self._layer_fn, seq_len, anc, **extra
@@ -202,3 +208,17 @@ class ModelRunner:
         kv_len = min(self.kv.max_seq, _round_up(kv_len, 64))
         mask = window_mask(seq_len, anc.expand(B, Nq, W), kv_len, self.group)
         return self.model(tokens, positions, slots, mask, self.kv.layers, None, self._layer_fn, **extra)
+
+    def _ride(self, tokens, positions, slots, seq_len, anc, kv_len, feature_layers=None) -> torch.Tensor:
+        # The round's group attends as ``_round_forward`` would (fused kernel or dense window mask); the
+        # rider's group brings its own dense prefill mask. Eager: a rider's shape is the prompt's.
+        rider, self.rider = self.rider, None
+        B, Nq = tokens.shape
+        mask = None
+        if not self.round_fused:
+            W = anc.shape[-1]
+            kv_len = self.kv.max_seq if kv_len is None else min(self.kv.max_seq, _round_up(kv_len, 64))
+            mask = window_mask(seq_len, anc.expand(B, Nq, W), kv_len, self.group)
+        own = Group(tokens, positions, slots, mask, (0, B), seq_len, anc, feature_layers=feature_layers)
+        out, rider.out = mixed_forward(self.model, [own, rider.group], self.kv.layers)
+        return out

@@ -70,6 +70,8 @@ class Metrics:
         self.predicted_speedup: float | None = None
         self.shared_budget_rounds = 0
         self.adaptive_depth = False
+        self.admissions: dict[str, int] | None = None  # prompt admission's decisions (None: off)
+        self.colocate: tuple[dict[str, int], bool] | None = None  # co-location: rounds by strategy, latest's
 
     # ---- updates (scheduler thread, or the event loop for ``rejected``) ----------------------------
     def queued(self, delta: int) -> None:
@@ -94,6 +96,11 @@ class Metrics:
         with self._lock:
             self.batch_rounds += 1
             self.row_rounds, self.round_tokens = batch.rounds, batch.round_tokens
+            if getattr(batch, "admission", 0):
+                self.admissions = dict(batch.admissions)
+            eng = getattr(batch, "engine", None)
+            if getattr(eng, "colocated", None) is not None:
+                self.colocate = (dict(eng.colocate_rounds), eng.colocated_last)
             policy = getattr(batch, "policy", None)
             if policy is not None:
                 self.spec_decisions, self.depth_rounds = dict(policy.decisions), dict(policy.depth_rounds)
@@ -163,6 +170,30 @@ class Metrics:
                 "counter",
                 "Shared node budget: tree rounds whose verify nodes were shared across the batch.",
                 [({}, self.shared_budget_rounds)],
+            ))  # fmt: skip
+        if self.admissions is not None:
+            rows.append((
+                "prompt_admissions_total",
+                "counter",
+                "Prompt admission: prompts by prefill path (verify: rode in a round's verify pass; idle: no row "
+                "was running; long: over the round's token allowance; fallback: the carrying round failed, "
+                "prefilled apart).",
+                [({"path": k}, v) for k, v in sorted(self.admissions.items())] or [({"path": "verify"}, 0)],
+            ))  # fmt: skip
+        if self.colocate is not None:
+            counts, last = self.colocate
+            rows.append((
+                "colocated_round_active",
+                "gauge",
+                "Co-location only where it wins: 1 if the latest round was co-located (its batch is one the tuned "
+                "profile measured co-location to beat the full-batch round at), 0 if it ran the conventional round.",
+                [({}, int(last))],
+            ))  # fmt: skip
+            rows.append((
+                "colocate_rounds_total",
+                "counter",
+                "Rounds by strategy while co-location is on (colocated, conventional).",
+                [({"strategy": k}, v) for k, v in sorted(counts.items())],
             ))  # fmt: skip
         return rows
 

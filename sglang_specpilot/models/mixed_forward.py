@@ -1,0 +1,82 @@
+"""One decoder pass over several groups of tokens that read every weight once (prompt admission).
+
+A round's verify block is [B, N + 1] tokens; a prompt that arrives meanwhile needs a prefill chunk of
+[B', P] tokens. Run apart, the two passes stream the target's weights twice. Here the projections and
+the MLP (everything that reads weights) run once on the groups' tokens concatenated, and only attention,
+which reads each group's own cache rows, runs per group, the way mixed prefill/decode batches pack tokens.
+Per token the arithmetic is ``Transformer.forward``'s (``Block.forward``: h = x + attn(norm(x)), then
+h + mlp(norm(h))); only the GEMMs' row count differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .llama import Transformer
+
+
+@dataclass
+class Group:
+    """One group of a mixed pass: cache rows ``rows[0] .. rows[1] - 1``, ``tokens`` [B, N] there.
+
+    positions, slots : [B, N]; mask : [B, 1, N * G, S] bool or None (the fused kernel, which needs
+    ``seq_len`` [B] and ``anc``); logit_rows : [B, R] or None (all N); feature_layers : layer indices
+    whose outputs are also returned for this group (an EAGLE-3 drafter reads them), or None.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor | None
+    rows: tuple[int, int]
+    seq_len: torch.Tensor | None = None
+    anc: torch.Tensor | None = None
+    logit_rows: torch.Tensor | None = None
+    feature_layers: tuple[int, ...] | None = None
+
+
+def mixed_forward(model: Transformer, groups: list[Group], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
+    """Run every group through the decoder in one pass; per group its logits [B, N or R, V], or the pair
+    (logits, features [B, N, len(feature_layers) * hidden]) where the group asks for features."""
+    shapes = [g.tokens.shape for g in groups]
+    sizes = [b * n for b, n in shapes]
+    x = torch.cat([model.embed(g.tokens).flatten(0, 1) for g in groups])  # [sum B N, hidden]
+    rope = []
+    for g in groups:
+        cs = model.rope[g.positions].to(x.dtype)
+        rope.append((cs[:, :, 0, None], cs[:, :, 1, None]))
+    idx = [torch.arange(b, device=x.device)[:, None] for b, _ in shapes]
+    feats: list[list[torch.Tensor]] = [[] for _ in groups]
+    for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv, strict=True)):
+        attn = layer.attn
+        qkv = attn.wqkv(layer.attn_norm(x)).split(sizes)
+        outs = []
+        for g, (b, n), part, (cos, sin), bi in zip(groups, shapes, qkv, rope, idx, strict=True):
+            lo, hi = g.rows
+            # The group's rows of the cache as views, so its K/V writes land in the shared cache.
+            o = attn.core(
+                part.view(b, n, -1), cos, sin, k_cache[lo:hi], v_cache[lo:hi], bi, g.slots, g.mask, g.seq_len, g.anc
+            )
+            outs.append(o.flatten(0, 1))
+        x = x + attn.wo(torch.cat(outs))
+        x = x + layer.mlp(layer.mlp_norm(x))
+        for j, g in enumerate(groups):
+            if g.feature_layers is not None and i in g.feature_layers:
+                feats[j].append(x)
+    results = []
+    offsets = [0]
+    for s in sizes:
+        offsets.append(offsets[-1] + s)
+    for j, (g, (b, n)) in enumerate(zip(groups, shapes, strict=True)):
+        h = x[offsets[j] : offsets[j + 1]].view(b, n, -1)
+        if g.logit_rows is not None:
+            h = h.gather(1, g.logit_rows[..., None].expand(-1, -1, h.shape[-1]))
+        logits = model.lm_head(model.norm(h))
+        if g.feature_layers is None:
+            results.append(logits)
+        else:
+            f = torch.cat([t[offsets[j] : offsets[j + 1]] for t in feats[j]], -1).view(b, n, -1)
+            results.append((logits, f))
+    return results

@@ -1,0 +1,165 @@
+"""Prompt admission (issue 18): prompts that arrive while rows run are prefilled inside the next round's
+verify pass; greedy output equals each request alone, and no running request is starved."""
+
+import pytest
+import torch
+from helpers import WordTokenizer, prompts, tiny_model
+
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.admission import FALLBACK, IDLE, LONG, RIDE
+from sglang_specpilot.models.llama import Transformer
+from sglang_specpilot.models.mixed_forward import Group, mixed_forward
+
+SHAPES = {
+    "ar": {},
+    "chain": {"num_speculative_tokens": 4},
+    "tree": {"tree_budget": 8, "tree_depth": 4, "tree_top_k": 2},
+}
+
+
+def _engine(target, draft, shape, **kw):
+    opts = EngineOptions(max_seq_len=256, max_batch_size=8, device="cpu", dtype="float32", **SHAPES[shape], **kw)
+    return Engine(target, WordTokenizer(), opts, draft)
+
+
+def _serve(eng, schedule, n_new):
+    """Drive the batch like the scheduler: ``schedule[t]`` = prompts arriving before step t. Returns each
+    prompt's tokens, the step its first token came out at, and the tokens every request had per step."""
+    batch, params = eng.batch, SamplingParams(max_new_tokens=n_new, ignore_eos=True)
+    out, first_at, per_step, reqs = {}, {}, [], {}
+    t = 0
+    while t < len(schedule) or batch.busy:
+        arriving = [eng.new_request(p, params) for p in (schedule[t] if t < len(schedule) else [])]
+        for r in arriving:
+            reqs[id(r)] = (len(reqs), r)
+        events = batch.admit(arriving) if arriving else []
+        events += batch.step() if batch.busy else []
+        for ev in events:
+            req = next(r for i, r in reqs.values() if r.index == ev.index and not (i in out and out[i][1]))
+            i = reqs[id(req)][0]
+            toks, _ = out.get(i, ([], False))
+            out[i] = (toks + ev.token_ids, ev.finished)
+            first_at.setdefault(i, t)
+        per_step.append({i: len(out.get(i, ([], 0))[0]) for i, _ in reqs.values()})
+        t += 1
+    return [out[i][0] for i in range(len(reqs))], first_at, per_step
+
+
+def _drafter(kind, target):
+    if kind == "eagle3":
+        from sglang_specpilot.drafters.eagle3 import init_eagle3
+
+        torch.manual_seed(0)
+        return init_eagle3(target)
+    return None if kind == "none" else target.truncated(1)
+
+
+@pytest.mark.parametrize("shape,drafter", [("ar", "none"), ("chain", "layer"), ("tree", "layer"), ("tree", "eagle3")])
+def test_greedy_with_admission_equals_each_request_alone(shape, drafter):
+    V = 12 if drafter == "eagle3" else None
+    target = tiny_model("tiny-llama", **({"vocab_size": V} if V else {}))
+    draft = _drafter(drafter, target)
+    lens = [7, 30, 3, 61, 12, 45]  # mixed lengths, one past the allowance below
+    ps = prompts(lens, target.cfg.vocab_size, seed=3)
+    alone_eng = _engine(target, draft, shape)
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    alone = [alone_eng.generate([p], params)[0].token_ids for p in ps]
+    eng = _engine(target, draft, shape, prompt_admission=64)
+    schedule = [[ps[0]], [], [ps[1], ps[2]], [ps[3]], [], [ps[4], ps[5]]]
+    got, _, _ = _serve(eng, schedule, 20)
+    assert got == alone
+    a = eng.batch.admissions
+    assert a[IDLE] == 1 and a[RIDE] >= 3 and FALLBACK not in a  # the first found nothing running
+
+
+def test_running_requests_are_never_starved_and_riders_start_at_once():
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, target.truncated(1), "chain", prompt_admission=32)
+    ps = prompts([5] + [9] * 6, target.cfg.vocab_size, seed=5)
+    schedule = [[ps[0]]] + [[p] for p in ps[1:]]  # a new prompt before every step
+    got, first_at, per_step = _serve(eng, schedule, 16)
+    for t in range(1, len(per_step)):
+        for i, before in per_step[t - 1].items():
+            if 0 < before < 16:  # running at step t - 1 and unfinished: it gained tokens in step t
+                assert per_step[t][i] > before, (t, i)
+    # A prompt admitted before step t (t >= 1) rides step t's round and has its first token from it.
+    assert all(first_at[i] == i for i in range(1, len(ps)))
+    assert eng.batch.admissions[RIDE] == len(ps) - 1
+    ref = _engine(target, target.truncated(1), "chain")
+    assert got == [ref.generate([p], SamplingParams(max_new_tokens=16, ignore_eos=True))[0].token_ids for p in ps]
+
+
+def test_allowance_is_shared_by_a_round_and_long_prompts_take_the_prefill():
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, target.truncated(1), "chain", prompt_admission=16)
+    ps = prompts([4, 10, 10, 40], target.cfg.vocab_size, seed=6)
+    _serve(eng, [[ps[0]], ps[1:]], 6)
+    # 10 fits, the second 10 no longer fits the round's 16 tokens, 40 never does.
+    assert eng.batch.admissions == {IDLE: 1, RIDE: 1, LONG: 2}
+
+
+def test_mixed_forward_equals_separate_forwards():
+    torch.manual_seed(0)
+    model: Transformer = tiny_model("tiny-llama")
+    from sglang_specpilot.engine.attn_meta import build_step_meta, causal_tree
+
+    def group(tokens, seq, rows):
+        anc, depth = causal_tree(tokens.shape[1])
+        m = build_step_meta(seq, anc, depth, 128, model.cfg.num_heads // model.cfg.num_kv_heads)
+        return Group(tokens, m.positions, m.slots, m.mask, rows, seq, anc)
+
+    def kv():
+        shape = (4, 192, model.cfg.num_kv_heads, model.cfg.head_dim)
+        return [(torch.zeros(shape), torch.zeros(shape)) for _ in model.layers]
+
+    a = group(torch.randint(0, 100, (2, 5)), torch.tensor([0, 0]), (0, 2))
+    b = group(torch.randint(0, 100, (2, 9)), torch.tensor([0, 0]), (2, 4))
+    cache = kv()
+    both = mixed_forward(model, [a, b], cache)
+    apart = [mixed_forward(model, [g], c)[0] for g, c in ((a, kv()), (b, kv()))]
+    for x, y in zip(both, apart, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)  # float32 GEMMs of other row counts
+
+
+def test_options_refuse_what_admission_cannot_ride():
+    with pytest.raises(ValueError, match="prompt_admission"):
+        EngineOptions(prompt_admission=600, prefill_chunk=512)
+    with pytest.raises(ValueError, match="prompt_admission"):
+        EngineOptions(prompt_admission=32, colocate=True, max_batch_size=4)
+
+
+def test_scheduler_admits_into_the_verify_pass_and_reports_it():
+    import threading
+
+    from sglang_specpilot.server.scheduler import Scheduler
+
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, target.truncated(1), "chain", prompt_admission=64)
+    ps = prompts([6, 20, 9, 33], target.cfg.vocab_size, seed=9)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    alone = [eng.generate([p], params)[0].token_ids for p in ps]
+    sched = Scheduler(eng, idle_wait_s=0.05)
+    got = {i: [] for i in range(len(ps))}
+    done = [threading.Event() for _ in ps]
+    started = threading.Event()
+
+    def sink(i):
+        return lambda ev: (got[i].extend(ev.token_ids), started.set(), ev.finished and done[i].set())
+
+    sched.start()
+    try:
+        sched.submit(eng.new_request(ps[0], params), sink(0))
+        assert started.wait(30)
+        for i, p in enumerate(ps[1:], 1):  # while the first one runs
+            sched.submit(eng.new_request(p, params), sink(i))
+        assert all(d.wait(60) for d in done)
+    finally:
+        sched.stop()
+    assert [got[i] for i in range(len(ps))] == alone
+    text = sched.metrics.render()
+    counts = eng.batch.admissions  # the alone runs above found the batch idle too
+    assert counts[IDLE] == len(ps) + 1 and counts.get(RIDE, 0) + counts.get(LONG, 0) == len(ps) - 1
+    assert f'specpilot_prompt_admissions_total{{path="idle"}} {counts[IDLE]}' in text
+    assert "prompt_admissions_total{path=" in text
+    assert "prompt_admissions_total" not in Scheduler(_engine(target, target.truncated(1), "chain")).metrics.render()
