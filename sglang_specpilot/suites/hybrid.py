@@ -3,7 +3,7 @@
 On the Qwen3-Next-like preset (``qwen3-next-8b-like``: 27 GDN + 9 attention layers, synthetic weights,
 bf16; timing only), batch 1, after a real prefill of ``--context`` tokens (so the recurrent states and the
 KV cache hold what a prompt leaves), one target verify forward (``ModelRunner.forward``, what a round
-captures) of:
+captures) followed by the commit of its deepest spine node, of:
 
     wy_tree     a best-first-shaped tree of ``--budget`` drafted nodes + the root, depth ``--depth``,
                 gdn_verify = "wy" (the TreeWY kernel on CUDA)
@@ -138,14 +138,21 @@ def hybrid(args: argparse.Namespace) -> dict:
 
     anc_t, depth_t = _anc(tree_parents(T_tree, args.depth, args.seed), dev)
     anc_c, depth_c = causal_tree(T_chain, dev)
+    last = torch.full((1,), args.depth, dtype=torch.long, device=dev)  # the spine's end in both blocks
 
     def verify(name: str, anc, depth):
         tokens = torch.randint(0, cfg.vocab_size, (1, anc.shape[-1]), generator=gen).to(dev)
         meta = build_step_meta(seq_len, anc, depth, max_seq, runner.group, with_mask=False)
 
         def step():
-            rec.configure(name, levels)  # host-side only: read when the forward builds its verify step
-            return runner.forward(tokens, meta.positions, meta.slots, seq_len, anc)
+            # configure is host-side only: the forward reads it when it builds its verify step. The commit
+            # belongs to the step's cost (WY moves work there: it rebuilds the kept state from k, u, G).
+            # It keeps the spine's end (node ``depth``: every drafted token accepted), as a full round would;
+            # each replay moves the committed state on, which changes its values, not the work.
+            rec.configure(name, levels)
+            logits = runner.forward(tokens, meta.positions, meta.slots, seq_len, anc)
+            rec.commit(last, seq_len)
+            return logits
 
         return step
 
