@@ -7,7 +7,7 @@ from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
-from sglang_specpilot.engine.admission import FALLBACK, IDLE, LONG, RIDE
+from sglang_specpilot.engine.admission import FALLBACK, FULL, IDLE, LONG, RIDE
 from sglang_specpilot.models.llama import Transformer
 from sglang_specpilot.models.mixed_forward import Group, mixed_forward
 
@@ -96,7 +96,7 @@ def test_allowance_is_shared_by_a_round_and_long_prompts_take_the_prefill():
     ps = prompts([4, 10, 10, 40], target.cfg.vocab_size, seed=6)
     _serve(eng, [[ps[0]], ps[1:]], 6)
     # 10 fits, the second 10 no longer fits the round's 16 tokens, 40 never does.
-    assert eng.batch.admissions == {IDLE: 1, RIDE: 1, LONG: 2}
+    assert eng.batch.admissions == {IDLE: 1, RIDE: 1, FULL: 1, LONG: 1}
 
 
 def test_mixed_forward_equals_separate_forwards():
@@ -159,7 +159,7 @@ def test_scheduler_admits_into_the_verify_pass_and_reports_it():
     assert [got[i] for i in range(len(ps))] == alone
     text = sched.metrics.render()
     counts = eng.batch.admissions  # the alone runs above found the batch idle too
-    assert counts[IDLE] == len(ps) + 1 and counts.get(RIDE, 0) + counts.get(LONG, 0) == len(ps) - 1
+    assert counts[IDLE] == len(ps) + 1 and counts.get(RIDE, 0) + counts.get(FULL, 0) == len(ps) - 1
     assert f'specpilot_prompt_admissions_total{{path="idle"}} {counts[IDLE]}' in text
     assert "prompt_admissions_total{path=" in text
     assert "prompt_admissions_total" not in Scheduler(_engine(target, target.truncated(1), "chain")).metrics.render()

@@ -32,15 +32,21 @@ from ..models.mixed_forward import Group
 from .attn_meta import build_step_meta, causal_tree
 from .request import Request
 
-RIDE, IDLE, LONG, FALLBACK = "verify", "idle", "long", "fallback"  # /metrics labels of the decisions
+# /metrics labels of the decisions: rode in the verify pass; took the separate prefill because nothing was
+# running, the prompt is longer than the allowance, the round's allowance was taken by earlier prompts, or
+# the carrying round failed.
+RIDE, IDLE, LONG, FULL, FALLBACK = "verify", "idle", "long", "full", "fallback"
 
 
-def admission_path(n_prompt: int, running: int, room: int) -> str:
-    """RIDE when a round will run anyway (``running`` rows) and the prompt fits the ``room`` left in the
-    next round's allowance; else why it takes the separate prefill (IDLE, LONG)."""
+def admission_path(n_prompt: int, running: int, room: int, allowance: int) -> str:
+    """RIDE when a round will run anyway (``running`` rows) and the prompt fits the ``room`` left of the
+    next round's ``allowance``; else why it takes the separate prefill (IDLE, LONG, FULL). A prompt that
+    does not fit is not held for a later round: its separate prefill now gives it the earlier first token."""
     if running == 0:
         return IDLE
-    return RIDE if n_prompt <= room else LONG
+    if n_prompt > allowance:
+        return LONG
+    return RIDE if n_prompt <= room else FULL
 
 
 @dataclass

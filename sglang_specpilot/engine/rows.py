@@ -181,7 +181,7 @@ class RowBatch:
         room = self.admission - sum(len(r.prompt) for r in self._riders)
         rest = []
         for req in placed:
-            path = admission_path(len(req.prompt), running, room)
+            path = admission_path(len(req.prompt), running, room, self.admission)
             self.admissions[path] = self.admissions.get(path, 0) + 1
             if path != RIDE:
                 rest.append(req)

@@ -36,6 +36,7 @@ SuiteFn = Callable[[argparse.Namespace], dict]
 # Modules whose import registers suites; main() imports them before looking a suite up.
 BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.harness.selftest_suite",
+    "sglang_specpilot.suites.batched",
     "sglang_specpilot.suites.colocate",
     "sglang_specpilot.suites.e2e",
     "sglang_specpilot.suites.foundation",

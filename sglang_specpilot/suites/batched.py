@@ -1,0 +1,363 @@
+"""Batched serving suite (issue 18): tokens/s, TTFT and inter-token latency under N concurrent clients.
+
+For N in ``--concurrency`` (1, 2, 4, 8, 16, 32, 64), N closed-loop clients (``batched_clients``) send
+HumanEval/100-131 and MT-Bench turn-1 prompts (chat template, interleaved) to the server's scheduler,
+``--new-tokens`` (128) greedy tokens each, EOS ignored (equal work per system), at least
+``--min-requests`` requests per N. Systems, one engine each, all warmed up (every bucket captured, and
+automatic off's step curve measured) before anything is timed:
+
+  ar                 no drafter
+  stock              chain speculative decoding with the drafter, gamma ``--gamma``
+  specpilot          best-first trees ``--tree N,D,K``, none of issue 18's mechanisms
+  specpilot_batched  the same trees with automatic off, adaptive draft depth (``--adaptive-depths``), the
+                     shared node budget (``--shared-budget``) and prompt admission (``--prompt-admission``)
+
+The model is the e2e suite's (``--target``): SmolLM2 lifted to Llama-3.1-8B shapes with its EAGLE-3
+drafter lifted alongside (an 8B's cost per step), the real SmolLM2 (``smollm2``), or a tiny lift shape
+for CPU dry runs. Per (system, N) the results hold total tokens/s (all tokens / wall time from the first
+submit to the last token), the median request's tokens/s, TTFT p50 / p90, inter-token latency p50 and
+mean, the share of requests whose tokens equal AR's, and each mechanism's decisions during the part.
+``batched_results`` turns the cells into the issue's metrics.
+
+Fits one ~9-minute device call: parts run in the order N = 1, 16, 64, then the rest, systems rotated
+within each N; none starts after ``--deadline-s``; the results file is rewritten after every part
+(``"partial"`` names the last one); a part that fails is recorded under ``errors`` and the rest go on.
+``--resume FILE`` carries the cells of an earlier (partial) file over, for the (system, N) pairs this run
+does not measure, so two calls can cover the whole grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from ..harness.bench import register_suite
+from .batched_clients import run_clients
+from .batched_results import LABELS, SYSTEMS, cell, readme_table, summarize
+from .e2e_configs import parse_ints
+
+PRIORITY = (1, 16, 64)  # the issue's metrics read these first: N = 1 (vs AR), 16 (TTFT), 64 (the far end)
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="llama-3.1-8b", help="llama-3.1-8b (lifted SmolLM2), smollm2, or tiny")
+    p.add_argument("--model", default=None, help="SmolLM2 GGUF or folder (default: the embedded one)")
+    p.add_argument("--draft", default=None, help="EAGLE-3 drafter folder trained for SmolLM2 (default: the shipped)")
+    p.add_argument("--sets", default="humaneval,mtbench", help="prompt sets: humaneval, mtbench, synthetic")
+    p.add_argument("--humaneval", default="100-131", help="HumanEval problems of the humaneval set")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="numbers of concurrent clients N")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--min-requests", type=int, default=8, help="requests per N at least (N clients send N more)")
+    # The e2e suite's H200 picks at batch 1 (README): stock gamma 3, trees N 32, D 6, K 8.
+    p.add_argument("--gamma", type=int, default=3, help="stock chain length")
+    p.add_argument("--tree", default="32,6,8", help="SpecPilot trees: budget N, depth D, top-k K")
+    p.add_argument("--adaptive-depths", default="3,4", help="specpilot_batched: shallower depths a batch may run")
+    p.add_argument("--shared-budget", type=int, default=256, help="specpilot_batched: verify nodes per round")
+    p.add_argument("--prompt-admission", type=int, default=256, help="specpilot_batched: prompt tokens per round")
+    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--device", default="cuda", help="cuda; cpu runs the bookkeeping on tiny models (dry run)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--lift-layers", type=int, default=None, help="cut the lift shape to this many layers (dry runs)")
+    p.add_argument("--no-compile", action="store_true", help="engines without torch.compile")
+    p.add_argument("--seed", type=int, default=0, help="seed of the lift's random entries")
+    p.add_argument("--deadline-s", type=float, default=480.0, help="seconds after which no new part starts")
+    p.add_argument("--part-timeout-s", type=float, default=120.0, help="seconds one (system, N) part may take")
+    p.add_argument("--resume", default=None, help="an earlier batched results file whose cells to carry over")
+
+
+class _Run:
+    def __init__(self, args: argparse.Namespace):
+        from ..harness.bench import default_run_dir, gpu_name, gpu_slug
+
+        self.args = args
+        self.t0 = time.perf_counter()
+        self.lines: list[str] = []
+        self.dev = torch.device(args.device)
+        if args.results_dir is None:  # the partial files and the runner's final file share one folder
+            args.results_dir = default_run_dir("batched")
+        self.path = Path(args.results_dir) / f"batched_{gpu_slug(gpu_name(self.dev))}.json"
+        self.concurrency = sorted(set(parse_ints(args.concurrency)))
+        systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+        unknown = set(systems) - set(SYSTEMS)
+        if unknown:
+            raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+        self.systems = ["ar"] + [s for s in SYSTEMS[1:] if s in systems]  # AR is every ratio's reference
+        self.out: dict = {"metrics": {}, "rows": [], "cells": [], "errors": [], "skipped": [], "incomplete": []}
+        self.engines: dict[str, object] = {}
+        self.carried: list[dict] = []
+
+    # ---- bookkeeping -------------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        line = f"[batched {time.perf_counter() - self.t0:7.1f}s] {msg}"
+        self.lines.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    def error(self, stage: str, e: BaseException, **where) -> None:
+        tb = traceback.format_exc(limit=6).splitlines()[-12:]
+        self.out["errors"].append({"stage": stage, **where, "error": f"{type(e).__name__}: {e}", "traceback": tb})
+        self.say(f"FAILED {stage} {where}: {type(e).__name__}: {e}")
+        if isinstance(e, torch.OutOfMemoryError):
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    def write(self, part: str) -> None:
+        from ..harness.bench import provenance
+        from ..harness.jsonable import to_jsonable
+
+        try:
+            self.finish()
+            record = {"suite": "batched", **provenance(device=self.dev), "partial": part, **self.out}
+            record["log"] = self.lines
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(to_jsonable(record), indent=1) + "\n")
+        except Exception as e:  # a partial file is a convenience; never let it end the run
+            self.say(f"could not write the partial results: {e}")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # ---- models, prompts, engines ------------------------------------------------------------------
+    def options(self, system: str) -> dict:
+        a = self.args
+        base = dict(
+            device=a.device,
+            dtype=a.dtype,
+            max_seq_len=a.max_seq_len,
+            max_batch_size=max(self.concurrency),
+            graph_batch_sizes=tuple(self.concurrency),
+            compile=False if a.no_compile else None,
+        )
+        n, d, k = parse_ints(a.tree)
+        tree = dict(tree_budget=n, tree_depth=d, tree_top_k=k)
+        return (
+            base
+            | {
+                "ar": {},
+                "stock": {"num_speculative_tokens": a.gamma},
+                "specpilot": tree,
+                "specpilot_batched": tree
+                | dict(
+                    auto_off=True,
+                    adaptive_depths=tuple(parse_ints(a.adaptive_depths)) if a.adaptive_depths else (),
+                    shared_budget=a.shared_budget,
+                    prompt_admission=a.prompt_admission,
+                ),
+            }[system]
+        )
+
+    def load(self) -> None:
+        from ..config import EngineOptions
+        from ..drafters import default_drafter_path
+        from ..drafters.eagle3 import is_eagle3, load_eagle3
+        from ..engine.engine import scratch_slots
+        from ..models.lift import SHAPES, lift_model, load_small
+        from ..models.lift_eagle3 import lift_eagle3
+
+        a = self.args
+        draft = a.draft or str(default_drafter_path())
+        if not is_eagle3(draft):
+            raise SystemExit(f"--draft {draft!r} is not an EAGLE-3 drafter folder")
+        widest = [EngineOptions(max_seq_len=a.max_seq_len)]
+        for s in self.systems:
+            try:
+                widest.append(EngineOptions(**self.options(s)))
+            except ValueError:  # options that cannot run fail in their own parts, recorded there
+                pass
+        n_pos = a.max_seq_len + max(scratch_slots(o) for o in widest)
+        dtype = getattr(torch, a.dtype)
+        t0 = time.perf_counter()
+        if a.target == "smollm2":
+            from ..models.build import build_model
+            from ..models.loader import default_model_path, load_model_files
+
+            cfg, sd, tok = load_model_files(a.model or default_model_path())
+            self.target = build_model(cfg, device=self.dev, dtype=dtype, state_dict=sd, max_positions=n_pos)
+            self.drafter = load_eagle3(draft, self.target)
+            self.real_vocab, lifted = cfg.vocab_size, False
+        else:
+            if a.target not in SHAPES:
+                raise SystemExit(f"--target {a.target!r}: use smollm2 or a lift shape ({', '.join(SHAPES)})")
+            shape = a.target if a.lift_layers is None else {**SHAPES[a.target], "num_layers": a.lift_layers}
+            small, tok = load_small(a.model, max_positions=1)
+            small_draft = load_eagle3(draft, small)
+            self.real_vocab, lifted = small.cfg.vocab_size, True
+            self.target = lift_model(small, shape, a.seed, device=self.dev, dtype=dtype, max_positions=n_pos)
+            self.drafter = lift_eagle3(small_draft, self.target, shape, a.seed + 1, dtype=dtype)
+            del small, small_draft
+            gc.collect()
+        self.tok = tok
+        self.out["model"] = {
+            "label": self.target.cfg.name,
+            "target": a.target,
+            "lifted": lifted,
+            "source": a.model or "embedded SmolLM2-135M-Instruct",
+            "draft": draft,
+            "params_b": round(self.target.cfg.num_params() / 1e9, 3),
+            "dtype": a.dtype,
+            "build_s": round(time.perf_counter() - t0, 2),
+        }
+        self.say(f"model: {self.out['model']['label']} ({self.out['model']['params_b']} B)")
+
+    def prompts(self) -> list[list[int]]:
+        """The sets' prompts interleaved (humaneval, mtbench, humaneval, ...), as token ids."""
+        from .common import humaneval_prompts
+
+        sets: list[list[list[int]]] = []
+        chat = hasattr(self.tok, "apply_chat_template")
+        for name in [s.strip() for s in self.args.sets.split(",") if s.strip()]:
+            try:
+                if name == "synthetic":
+                    g = torch.Generator().manual_seed(1)
+                    lens = torch.randint(6, 40, (max(self.concurrency) + self.args.min_requests,), generator=g)
+                    sets.append([torch.randint(3, self.real_vocab, (int(n),), generator=g).tolist() for n in lens])
+                    continue
+                if name == "humaneval":
+                    lo, hi = (int(x) for x in self.args.humaneval.split("-"))
+                    texts = humaneval_prompts(range(lo, hi + 1))
+                elif name == "mtbench":
+                    from ..drafters.train import mtbench_turn1_prompts
+
+                    texts = mtbench_turn1_prompts()
+                else:
+                    raise ValueError(f"unknown prompt set {name!r} (humaneval, mtbench, synthetic)")
+                render = (lambda t: self.tok.apply_chat_template([{"role": "user", "content": t}])) if chat else str
+                sets.append([self.tok.encode(render(t)) for t in texts])
+            except Exception as e:
+                self.error("prompts", e, set=name)
+        if not sets:
+            raise SystemExit("no prompt set could be loaded (see the errors above)")
+        pooled = [p for group in zip(*sets, strict=False) for p in group]
+        pooled += [p for s in sets for p in s[min(map(len, sets)) :]]
+        self.out["prompts"] = {"available": len(pooled), "lengths_median": sorted(map(len, pooled))[len(pooled) // 2]}
+        return pooled
+
+    def engine(self, system: str):
+        from ..config import EngineOptions
+        from ..engine import Engine
+
+        if system not in self.engines:
+            opts = EngineOptions(**self.options(system))
+            eng = Engine(self.target, self.tok, opts, None if system == "ar" else self.drafter)
+            t0 = time.perf_counter()
+            eng.warmup(tuple(self.concurrency), progress=lambda m: self.say(f"{system} {m}"))
+            curve = eng.policy.auto_off.curve if eng.policy is not None and eng.policy.auto_off else None
+            self.out["rows"].append({
+                "case": "engine", "system": system, "warmup_s": time.perf_counter() - t0,
+                "options": {k: v for k, v in self.options(system).items() if k != "device"},
+                "step_curve_ms": curve.as_dict() if curve is not None else None,
+            })  # fmt: skip
+            self.engines[system] = eng
+        return self.engines[system]
+
+    # ---- parts -------------------------------------------------------------------------------------
+    def plan(self) -> list[tuple[str, int]]:
+        done = {(c["system"], c["concurrency"]) for c in self.carried}
+        order = [n for n in PRIORITY if n in self.concurrency] + [n for n in self.concurrency if n not in PRIORITY]
+        parts = []
+        for i, n in enumerate(order):
+            k = i % len(self.systems)  # rotate: no system always first
+            parts += [(s, n) for s in self.systems[k:] + self.systems[:k] if (s, n) not in done]
+        return parts
+
+    def part(self, system: str, n: int, prompts: list[list[int]], ar_ids: dict) -> None:
+        from ..server.scheduler import Scheduler
+
+        eng = self.engine(system)
+        reqs = max(n, self.args.min_requests)
+        chosen = [prompts[i % len(prompts)] for i in range(reqs)]
+        before = _decisions(eng)
+        sched = Scheduler(eng, idle_wait_s=0.01)
+        sched.start()
+        try:
+            records, wall = run_clients(sched, eng, chosen, n, self.args.new_tokens, self.args.part_timeout_s)
+        finally:
+            sched.stop()
+            eng.batch.drain()
+        if system == "ar":
+            ar_ids.update({r["prompt"]: r["token_ids"] for r in records if r["error"] is None})
+        c = cell(system, n, records, wall, ar_ids if system != "ar" and ar_ids else None)
+        c["decisions"] = _delta(before, _decisions(eng))
+        self.out["cells"].append(c)
+        keep = ("prompt", "n_prompt", "tokens", "ttft_s", "itl_s", "request_s", "error")
+        self.out["rows"].append({"case": "requests", "system": system, "concurrency": n,
+                                 "requests": [{k: r.get(k) for k in keep} for r in records]})  # fmt: skip
+        tps = c["total_tokens_per_s"]
+        self.say(f"{system} N={n}: {tps and round(tps, 1)} tok/s, TTFT p50 {c['ttft_p50_s']}, failed {c['failed']}")
+
+    def finish(self) -> None:
+        cells = self.carried + self.out["cells"]
+        self.out["metrics"], self.out["incomplete"] = summarize(cells, self.concurrency)
+        self.out["table"] = readme_table(cells)
+        self.out["systems"] = {s: LABELS[s] for s in self.systems}
+
+    def run(self) -> dict:
+        try:
+            return self._run()
+        except BaseException as e:  # whatever was measured stays on disk, with the reason the run ended
+            if not isinstance(e, SystemExit):
+                self.error("run", e)
+            self.write(f"failed: {type(e).__name__}: {e}")
+            raise
+
+    def _run(self) -> dict:
+        a = self.args
+        if a.resume:
+            prev = json.loads(Path(a.resume).read_text())
+            self.carried = [dict(c, carried_from=prev.get("commit")) for c in prev.get("cells", [])]
+        self.say(f"batched: N {self.concurrency}, systems {self.systems}, results {self.path}")
+        self.load()
+        prompts = self.prompts()
+        self.write("model")
+        ar_ids: dict[int, list[int]] = {}
+        for system, n in self.plan():
+            if self.elapsed() > a.deadline_s:
+                self.out["skipped"].append({"part": f"{system} N={n}", "reason": f"past --deadline-s {a.deadline_s}"})
+                continue
+            try:
+                self.part(system, n, prompts, ar_ids)
+            except Exception as e:
+                self.error("part", e, system=system, concurrency=n)
+            self.write(f"{system} N={n}")
+        self.finish()
+        self.out["log"] = self.lines
+        self.say(f"done: {self.out['metrics']}")
+        return self.out
+
+
+def _decisions(eng) -> dict:
+    """The engine's mechanism counters now (automatic off, depths, shared budget, admission)."""
+    p, b = eng.policy, eng.batch
+    out = {"admissions": dict(b.admissions), "row_rounds": b.rounds, "round_tokens": b.round_tokens}
+    if p is not None:
+        out |= {"speculation": dict(p.decisions), "depths": dict(p.depth_rounds), "shared_rounds": p.shared_rounds}
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict:
+    out = {}
+    for k, v in after.items():
+        if isinstance(v, dict):
+            out[k] = {
+                kk: vv - before.get(k, {}).get(kk, 0) for kk, vv in v.items() if vv - before.get(k, {}).get(kk, 0)
+            }
+        else:
+            out[k] = v - before.get(k, 0)
+    if out.get("row_rounds"):
+        out["tau"] = out["round_tokens"] / out["row_rounds"]
+    return out
+
+
+@register_suite("batched", add_args=_args)
+def batched(args: argparse.Namespace) -> dict:
+    """Batched serving: AR, stock, SpecPilot without and with issue 18's mechanisms under N = 1..64 clients."""
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("the batched suite needs a CUDA GPU (--device cpu runs its bookkeeping on tiny models)")
+    return _Run(args).run()

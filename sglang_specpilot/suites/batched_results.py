@@ -1,0 +1,113 @@
+"""The batched suite's numbers: one cell per (system, concurrency N) from its clients' records, and the
+issue's metrics over the cells (issue 18):
+
+    batched_min_speedup_vs_ar      min over N = 1..64 of total tokens/s, SpecPilot with the mechanisms / AR
+    batched_min_speedup_vs_stock   min over N = 1..32 of the same against the stock chain
+    batched_speedup_vs_ar_n1       the same ratio at N = 1
+    batched_ttft_p50_ratio_vs_ar   TTFT p50 of SpecPilot with the mechanisms / AR's, at N = 16
+
+A metric is written only where every cell it needs was measured; ``incomplete`` lists what is missing, so
+a run cut short by its deadline never reports a minimum over fewer batch sizes as if it were the whole.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+SYSTEMS = ("ar", "stock", "specpilot", "specpilot_batched")
+LABELS = {
+    "ar": "AR",
+    "stock": "stock chain",
+    "specpilot": "SpecPilot trees (no batched mechanisms)",
+    "specpilot_batched": "SpecPilot trees + batched mechanisms",
+}
+MAIN = "specpilot_batched"
+AR_RANGE, STOCK_RANGE, TTFT_N = (1, 64), (1, 32), 16
+
+
+def cell(system: str, n: int, records: list[dict], wall_s: float, ar_ids: dict[int, list[int]] | None) -> dict:
+    """Summary of one (system, N) run; ``ar_ids`` (prompt -> AR's tokens) gives ``same_as_ar``, the share of
+    requests whose greedy tokens equal AR's (lossless up to GPU near-ties)."""
+    ok = [r for r in records if r["error"] is None]
+    tokens = sum(r["tokens"] for r in ok)
+    ttft = [r["ttft_s"] for r in ok]
+    itl = [r["itl_s"] for r in ok if r["itl_s"] is not None]
+    out = {
+        "system": system,
+        "concurrency": n,
+        "requests": len(records),
+        "failed": len(records) - len(ok),
+        "tokens": tokens,
+        "wall_s": wall_s,
+        "total_tokens_per_s": tokens / wall_s if wall_s > 0 and ok else None,
+        "per_request_tokens_per_s": statistics.median(r["tokens"] / r["request_s"] for r in ok) if ok else None,
+        "ttft_p50_s": statistics.median(ttft) if ttft else None,
+        "ttft_p90_s": statistics.quantiles(ttft, n=10)[-1] if len(ttft) > 1 else (ttft[0] if ttft else None),
+        "itl_p50_s": statistics.median(itl) if itl else None,
+        "itl_mean_s": statistics.fmean(itl) if itl else None,
+    }
+    if ar_ids is not None and ok:
+        same = [r["token_ids"] == ar_ids[r["prompt"]] for r in ok if r["prompt"] in ar_ids]
+        out["same_as_ar"] = sum(same) / len(same) if same else None
+    return out
+
+
+def _ratio(cells: dict, a: str, b: str, n: int, field: str) -> float | None:
+    x, y = cells.get((a, n), {}).get(field), cells.get((b, n), {}).get(field)
+    return x / y if x is not None and y else None
+
+
+def summarize(cell_list: list[dict], concurrency: list[int]) -> tuple[dict, list[str]]:
+    """(metrics, incomplete): the issue's metrics, per-cell tokens/s and speedups, and what could not be
+    computed because a cell is missing."""
+    cells = {(c["system"], c["concurrency"]): c for c in cell_list}
+    m: dict[str, float] = {}
+    incomplete: list[str] = []
+    for c in cell_list:
+        s, n = c["system"], c["concurrency"]
+        if c["total_tokens_per_s"] is not None:
+            m[f"batched_tokens_per_s_{s}_n{n}"] = round(c["total_tokens_per_s"], 2)
+        if s != "ar" and (r := _ratio(cells, s, "ar", n, "total_tokens_per_s")) is not None:
+            m[f"batched_speedup_vs_ar_{s}_n{n}"] = round(r, 3)
+
+    def over(base: str, lo_hi: tuple[int, int], name: str) -> None:
+        ns = [n for n in concurrency if lo_hi[0] <= n <= lo_hi[1]]
+        rs = [_ratio(cells, MAIN, base, n, "total_tokens_per_s") for n in ns]
+        if not ns or any(r is None for r in rs):
+            incomplete.append(f"{name}: needs {MAIN} and {base} at N = {ns}")
+            return
+        m[name] = round(min(rs), 3)
+        m[f"{name}_at_n"] = ns[rs.index(min(rs))]
+
+    over("ar", AR_RANGE, "batched_min_speedup_vs_ar")
+    over("stock", STOCK_RANGE, "batched_min_speedup_vs_stock")
+    if (r := _ratio(cells, MAIN, "ar", 1, "total_tokens_per_s")) is not None:
+        m["batched_speedup_vs_ar_n1"] = round(r, 3)
+    else:
+        incomplete.append(f"batched_speedup_vs_ar_n1: needs {MAIN} and ar at N = 1")
+    if (r := _ratio(cells, MAIN, "ar", TTFT_N, "ttft_p50_s")) is not None:
+        m["batched_ttft_p50_ratio_vs_ar"] = round(r, 3)
+    else:
+        incomplete.append(f"batched_ttft_p50_ratio_vs_ar: needs {MAIN} and ar at N = {TTFT_N}")
+    return m, incomplete
+
+
+def readme_table(cell_list: list[dict]) -> str:
+    """One line per system and N: total and per-request tokens/s, TTFT and inter-token latency."""
+    lines = [
+        "| system | N | total tok/s | per-request tok/s | TTFT p50 (ms) | ITL p50 (ms) | vs AR |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    cells = {(c["system"], c["concurrency"]): c for c in cell_list}
+
+    def f(x, scale=1.0, nd=1):
+        return "-" if x is None else f"{x * scale:.{nd}f}"
+
+    for c in sorted(cell_list, key=lambda c: (c["concurrency"], SYSTEMS.index(c["system"]))):
+        r = _ratio(cells, c["system"], "ar", c["concurrency"], "total_tokens_per_s")
+        lines.append(
+            f"| {LABELS[c['system']]} | {c['concurrency']} | {f(c['total_tokens_per_s'])} | "
+            f"{f(c['per_request_tokens_per_s'])} | {f(c['ttft_p50_s'], 1e3)} | {f(c['itl_p50_s'], 1e3, 2)} | "
+            f"{f(r, 1.0, 2)} |"
+        )
+    return "\n".join(lines)

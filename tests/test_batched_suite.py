@@ -1,0 +1,96 @@
+"""The batched suite (suites/batched.py) as a CPU dry run on tiny models: N closed-loop clients against the
+server's scheduler for every system, the issue's metrics, partial files, the deadline and per-part errors.
+The CPU's timings mean nothing; what is checked is the bookkeeping an H200 run depends on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import tiny_model
+
+from sglang_specpilot.harness.bench import run_suite
+from sglang_specpilot.suites.batched_results import cell, summarize
+
+V = 12
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from sglang_specpilot.drafters.eagle3 import init_eagle3, save_eagle3
+    from sglang_specpilot.models.safetensors_loader import save_safetensors_folder
+    from sglang_specpilot.models.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("batched")
+    target = tiny_model("tiny-llama", vocab_size=V, rope_scaling=None)
+    save_safetensors_folder(root / "target", target.cfg, target.hf_state_dict(), Tokenizer.synthetic(V))
+    torch.manual_seed(0)
+    draft = init_eagle3(target, d2t=torch.tensor([0, 2, 3, 5, 7, 8, 11]))
+    save_eagle3(draft, root / "draft")
+    return root
+
+
+def _argv(folders, out, *extra):
+    return [
+        "--target", "smollm2", "--model", str(folders / "target"), "--draft", str(folders / "draft"),
+        "--device", "cpu", "--dtype", "float32", "--sets", "synthetic", "--concurrency", "1,2,4",
+        "--new-tokens", "6", "--min-requests", "3", "--gamma", "2", "--tree", "4,3,2", "--adaptive-depths", "2",
+        "--shared-budget", "6", "--prompt-admission", "64", "--max-seq-len", "128", "--results-dir", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+def test_dry_run_on_cpu(folders, tmp_path):
+    path = run_suite("batched", _argv(folders, tmp_path))
+    doc = json.loads(path.read_text())
+    assert path.name == "batched_cpu.json" and doc["suite"] == "batched" and "partial" not in doc
+    assert not doc["errors"], doc["errors"]
+    cells = {(c["system"], c["concurrency"]): c for c in doc["cells"]}
+    systems = ("ar", "stock", "specpilot", "specpilot_batched")
+    assert set(cells) == {(s, n) for s in systems for n in (1, 2, 4)}
+    for (s, n), c in cells.items():
+        assert c["requests"] == max(n, 3) and c["failed"] == 0 and c["tokens"] == 6 * c["requests"]
+        assert c["total_tokens_per_s"] > 0 and c["ttft_p50_s"] > 0 and c["itl_p50_s"] > 0
+        if s != "ar":
+            assert c["same_as_ar"] == 1.0, (s, n)  # greedy and lossless: every request's tokens are AR's
+    m = doc["metrics"]
+    for name in ("batched_min_speedup_vs_ar", "batched_min_speedup_vs_stock", "batched_speedup_vs_ar_n1"):
+        assert m[name] > 0, name
+    # N = 16 was not run: the TTFT metric is missing and said to be.
+    assert "batched_ttft_p50_ratio_vs_ar" not in m and any("ttft" in x for x in doc["incomplete"])
+    d = cells[("specpilot_batched", 4)]["decisions"]
+    assert d["shared_rounds"] > 0 and sum(d["depths"].values()) > 0
+    assert "| SpecPilot trees + batched mechanisms | 4 |" in doc["table"]
+    reqs = [r for r in doc["rows"] if r["case"] == "requests"]
+    assert len(reqs) == 12 and all(len(r["requests"]) == max(r["concurrency"], 3) for r in reqs)
+
+
+def test_deadline_part_errors_and_resume(folders, tmp_path):
+    # The batched system's options are invalid (shared_budget 0): its parts fail alone, the others run.
+    first = tmp_path / "a"
+    path = run_suite("batched", _argv(folders, first, "--concurrency", "1,2", "--shared-budget", "0"))
+    doc = json.loads(path.read_text())
+    failed = {(e["system"], e["concurrency"]) for e in doc["errors"]}
+    assert failed == {("specpilot_batched", 1), ("specpilot_batched", 2)}
+    assert {c["system"] for c in doc["cells"]} == {"ar", "stock", "specpilot"}
+    # A second call past its deadline at once measures nothing new but carries the first call's cells over.
+    path2 = run_suite("batched", _argv(folders, tmp_path / "b", "--concurrency", "1,2", "--deadline-s", "0",
+                                       "--resume", str(path)))  # fmt: skip
+    doc2 = json.loads(path2.read_text())
+    assert doc2["cells"] == [] and len(doc2["skipped"]) == 2  # only the failed system's parts were left to run
+    assert doc2["metrics"]["batched_tokens_per_s_ar_n1"] == doc["metrics"]["batched_tokens_per_s_ar_n1"]
+
+
+def test_metrics_need_every_cell_they_cover():
+    def rec(i, tokens=4, t=1.0):
+        return {"prompt": i, "error": None, "tokens": tokens, "token_ids": [1] * tokens, "ttft_s": 0.1,
+                "itl_s": 0.05, "request_s": t}  # fmt: skip
+
+    cells = [cell(s, n, [rec(0)], wall, None) for s, n, wall in
+             (("ar", 1, 2.0), ("specpilot_batched", 1, 1.0), ("stock", 1, 1.6), ("ar", 2, 2.0))]  # fmt: skip
+    m, missing = summarize(cells, [1, 2])
+    assert m["batched_speedup_vs_ar_n1"] == 2.0 and m["batched_tokens_per_s_ar_n1"] == 2.0
+    assert "batched_min_speedup_vs_ar" not in m and any("min_speedup_vs_ar" in x for x in missing)  # N = 2
+    m, missing = summarize(cells, [1])
+    assert m["batched_min_speedup_vs_stock"] == 1.6 and m["batched_min_speedup_vs_ar"] == 2.0
