@@ -43,6 +43,7 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.suites.hybrid",
     "sglang_specpilot.suites.noise",
     "sglang_specpilot.suites.rounds",
+    "sglang_specpilot.suites.tlv",
     "sglang_specpilot.suites.trees",
     "sglang_specpilot.suites.w12_bits",
     "sglang_specpilot.suites.w12_gemm",
