@@ -22,7 +22,7 @@ def test_hybrid_suite_dry_run(tmp_path):
     ):
         assert m[key] > 0, key
     # The same inputs through two exact-in-fp32 forms: at most one bf16 step apart.
-    assert m["wy_max_ulp_vs_path"] <= 1
+    assert m["wy_max_ulp_vs_path"] <= 1 and m["wy_max_ulp_vs_fp64"] <= 1
     # Measured from the verify step's tensors, it is what the shapes say: d_k d_v / (d_k + d_v + 1) per head.
     cfg = preset_config("tiny-hybrid")
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim

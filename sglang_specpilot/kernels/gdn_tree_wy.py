@@ -25,9 +25,10 @@ the fp32 dots run as 3xTF32 (``tf32x3``: fp32-level accuracy on the tensor cores
 ulp of the exact path recurrence" promise needs more than plain TF32's 10 bits); in the interpreter they
 are IEEE fp32.
 
-The grid is (d_v / BV, B * H): a program owns BV value columns of one head. A and its inverse depend on
-k, beta and g only, so each value block recomputes them ([T, T] work against the [T, d_k] x [d_k, BV]
-products; the alternative, a second launch through global memory, costs more at these sizes). Nothing
+The grid is (d_v / BV, B * H): a program owns BV value columns of one head. It first streams d_k in
+chunks, accumulating k k^T, q k^T, k S_0 and q S_0, then builds A, inverts it and finishes in registers.
+A and its inverse depend on k, beta and g only, so each value block recomputes them ([T, T] work against
+the [T, d_k] x [d_k, BV] products; a second launch through global memory would cost more here). Nothing
 is read on the host and the outputs come from ``torch.empty`` (inside a capture: the graph's pool), so
 the op is capturable in a CUDA graph. T, d_k and d_v need not be powers of two: blocks are padded and
 masked (padded nodes have no ancestors and zero k, v, so they stay zero).
@@ -54,6 +55,14 @@ MAX_NODES = 64
 MAX_HEAD_DIM = 128
 # Used when the device is not a GPU (the interpreter): the SM count of an H100/H200.
 DEFAULT_NUM_SMS = 132
+# sm_90 builds (Triton 3.6, d_k = d_v = 128, depth-6 tree, 3xTF32; registers / bytes spilled a thread):
+#   T = 33 (64-row block), 8 warps, BV 32: d_k chunks of 16 / 32 / 64 / 128 -> 255 / 80, 120, 816, 2232;
+#     BV 64 -> 488 at chunks of 16; 16 warps (128 registers) -> 960 at chunks of 32; one stage -> 280
+#   T = 32 and 17 (32-row block), 4 warps, chunks of 16: 255 / 0 (BV 32 or 64); T = 7: 118 / 0
+# What spills at T = 64 is the [T, T] work after the loop (mask, decays, A, its powers, the inverse): the
+# same build with one squaring (levels <= 2) spills 8 bytes. Chunks of 16 it is, and BV <= 32 there.
+CHUNK_K = 16
+NUM_STAGES = 2
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -63,10 +72,11 @@ DEFAULT_NUM_SMS = 132
 
 class Config(NamedTuple):
     block_t: int  # nodes, padded to a power of two >= 16 (tl.dot's smallest tile)
-    block_k: int  # d_k padded
+    chunk_k: int  # d_k columns per step of the products' loop
     block_v: int  # value columns per program
     squarings: int  # m with 2^m >= the tree's levels (see the module docstring)
     num_warps: int
+    num_stages: int
 
 
 def squarings_for(levels: int) -> int:
@@ -77,16 +87,16 @@ def squarings_for(levels: int) -> int:
 def pick_config(batch: int, heads: int, nodes: int, dk: int, dv: int, levels: int, num_sms: int) -> Config:
     """The launch shape from static shapes only. BV: the widest of 64 / 32 / 16 value columns whose grid
     reaches half the SMs (B H = 32 heads at batch 1 on 132 SMs: BV = 32, 128 programs; narrower blocks
-    would only repeat each head's [T, T] solve more often). Untuned: no H200 sweep has run yet."""
+    would only repeat each head's [T, T] solve more often). Untimed: no H200 sweep has run yet; the
+    chunk, warps and stages come from sm_90 compiles (the notes above ``CHUNK_K``)."""
     block_t = max(16, triton.next_power_of_2(nodes))
-    block_k = max(16, triton.next_power_of_2(dk))
     dv_pad = max(16, triton.next_power_of_2(dv))
-    block_v = min(64, dv_pad)
+    block_v = min(64 if block_t < 64 else 32, dv_pad)
     while block_v > 16 and batch * heads * triton.cdiv(dv, block_v) < num_sms // 2:
         block_v //= 2
-    # 8 warps once the q / k tiles pass 4096 values (64 x 128 fp32: 64 registers a thread at 4 warps each).
-    warps = 8 if block_t * block_k > 4096 else 4
-    return Config(block_t, block_k, block_v, squarings_for(levels), warps)
+    chunk_k = min(CHUNK_K, max(16, triton.next_power_of_2(dk)))
+    warps = 8 if block_t >= 64 else 4
+    return Config(block_t, chunk_k, block_v, squarings_for(levels), warps, NUM_STAGES)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -141,7 +151,7 @@ def _gdn_tree_wy_kernel(
     dk,
     dv,
     BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    CHUNK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     SQUARINGS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -152,11 +162,32 @@ def _gdn_tree_wy_kernel(
     b = (pid_bh // num_heads).to(tl.int64)
     h = pid_bh % num_heads
     t = tl.arange(0, BLOCK_T)
-    kk = tl.arange(0, BLOCK_K)
     vv = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     t_ok = t < num_nodes
-    k_ok = kk < dk
     v_ok = vv < dv
+
+    # -- the four products over d_k, CHUNK_K columns at a time: k k^T, q k^T [T, T]; k S_0, q S_0 [T, BV].
+    # Chunks, not whole [T, d_k] tiles: at T = 64, d_k = 128 the whole q and k tiles (and 3xTF32's split
+    # copies of them) took all 255 registers and spilled 1.4 KB a thread on sm_90 ---------------------------
+    q_base = q_ptr + b * stride_qb + h * stride_qh + t[:, None] * stride_qt
+    k_base = k_ptr + b * stride_kb + h * stride_kh + t[:, None] * stride_kt
+    s_base = s0_ptr + b * stride_sb + h * stride_sh + vv[None, :] * stride_sv
+    kk_acc = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+    qk_acc = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+    ks_acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    qs_acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    for c0 in range(0, dk, CHUNK_K):
+        kc = c0 + tl.arange(0, CHUNK_K)
+        c_ok = kc < dk
+        tk_mask = t_ok[:, None] & c_ok[None, :]
+        q = tl.load(q_base + kc[None, :] * stride_qd, mask=tk_mask, other=0.0)
+        k = tl.load(k_base + kc[None, :] * stride_kd, mask=tk_mask, other=0.0)
+        s0 = tl.load(s_base + kc[:, None] * stride_sk, mask=c_ok[:, None] & v_ok[None, :], other=0.0)
+        kt = tl.trans(k)
+        kk_acc = tl.dot(k, kt, kk_acc, input_precision=DOT_PRECISION)
+        qk_acc = tl.dot(q, kt, qk_acc, input_precision=DOT_PRECISION)
+        ks_acc = tl.dot(k, s0, ks_acc, input_precision=DOT_PRECISION)
+        qs_acc = tl.dot(q, s0, qs_acc, input_precision=DOT_PRECISION)
 
     # -- the tree: ancestor mask, path log-decays G_t = sum_{s anc t} g_s ---------------------------------
     anc = tl.load(
@@ -171,48 +202,30 @@ def _gdn_tree_wy_kernel(
     # exp(G_t - G_s) <= 1 on ancestors (g <= 0); masked before exp so off-path entries never overflow.
     decay = tl.exp(tl.where(anc, G[:, None] - G[None, :], float("-inf")))
     gamma = tl.exp(G)
-
-    # -- q, k tiles [BLOCK_T, BLOCK_K] and the [T, T] products -------------------------------------------
-    qk_mask = t_ok[:, None] & k_ok[None, :]
-    q = tl.load(
-        q_ptr + b * stride_qb + t[:, None] * stride_qt + h * stride_qh + kk[None, :] * stride_qd,
-        mask=qk_mask,
-        other=0.0,
-    )
-    k = tl.load(
-        k_ptr + b * stride_kb + t[:, None] * stride_kt + h * stride_kh + kk[None, :] * stride_kd,
-        mask=qk_mask,
-        other=0.0,
-    )
-    kt = tl.trans(k)
     diag = t[:, None] == t[None, :]
     strict = anc & (t[:, None] != t[None, :])
-    A = tl.where(strict, beta[:, None] * decay * tl.dot(k, kt, input_precision=DOT_PRECISION), 0.0)
-    qk = tl.where(anc, decay * tl.dot(q, kt, input_precision=DOT_PRECISION), 0.0)
+    A = tl.where(strict, beta[:, None] * decay * kk_acc, 0.0)
+    qk = tl.where(anc, decay * qk_acc, 0.0)
 
     # -- (I + A)^{-1} = (I - A)(I + A^2)(I + A^4)..., exact once 2^SQUARINGS >= the tree's levels -----------
-    eye = tl.where(diag, 1.0, 0.0)
-    inv = eye - A
+    # inv (I + P) as inv + P inv (the factors are polynomials in A, so they commute): P inv accumulates
+    # straight into inv, and no [T, T] identity or I + P stays live (sm_90, T = 64: 168 -> 8 bytes spilled).
+    inv = tl.where(diag, 1.0, 0.0) - A
     power = A
     for _ in tl.static_range(SQUARINGS - 1):
         power = tl.dot(power, power, input_precision=DOT_PRECISION)
-        inv = tl.dot(inv, eye + power, input_precision=DOT_PRECISION)
+        inv = tl.dot(power, inv, inv, input_precision=DOT_PRECISION)
 
-    # -- this program's value columns: S_0 [BLOCK_K, BLOCK_V], v [BLOCK_T, BLOCK_V] -------------------------
-    s0 = tl.load(
-        s0_ptr + b * stride_sb + h * stride_sh + kk[:, None] * stride_sk + vv[None, :] * stride_sv,
-        mask=k_ok[:, None] & v_ok[None, :],
-        other=0.0,
-    )
+    # -- this program's value columns: v [BLOCK_T, BLOCK_V], then u and o ------------------------------------
     tv_mask = t_ok[:, None] & v_ok[None, :]
     v = tl.load(
         v_ptr + b * stride_vb + t[:, None] * stride_vt + h * stride_vh + vv[None, :] * stride_vd,
         mask=tv_mask,
         other=0.0,
     )
-    rhs = beta[:, None] * (v - gamma[:, None] * tl.dot(k, s0, input_precision=DOT_PRECISION))
+    rhs = beta[:, None] * (v - gamma[:, None] * ks_acc)
     u = tl.dot(inv, rhs, input_precision=DOT_PRECISION)
-    o = gamma[:, None] * tl.dot(q, s0, input_precision=DOT_PRECISION) + tl.dot(qk, u, input_precision=DOT_PRECISION)
+    o = tl.dot(qk, u, gamma[:, None] * qs_acc, input_precision=DOT_PRECISION)
 
     # -- stores: o and u share a layout [B, T, H, d_v]; G once per head -----------------------------------
     out_off = b * stride_ob + t[:, None] * stride_ot + h * stride_oh + vv[None, :]
@@ -288,11 +301,12 @@ def _gdn_tree_wy_op(
         dk,
         dv,
         BLOCK_T=cfg.block_t,
-        BLOCK_K=cfg.block_k,
+        CHUNK_K=cfg.chunk_k,
         BLOCK_V=cfg.block_v,
         SQUARINGS=cfg.squarings,
         DOT_PRECISION="ieee" if INTERPRETED else "tf32x3",
         num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return o, u, G
 
@@ -357,6 +371,20 @@ def gdn_tree_wy(
 # The kernel's reference is the path recurrence (``engine/gdn_verify.PathRecompute``: every node stepped
 # from its parent's state, level by level); ``gdn_ops.tree_wy`` is the same math as this kernel in PyTorch.
 gdn_tree_wy_ref = tree_wy
+
+
+def bf16_ulps_at_scale(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|a - ref| in bf16 ulps of max(|ref|, the RMS of ref's last dim), as float64 (not rounded).
+
+    Elements at or above their vector's RMS are held to their own ulp; smaller ones to the RMS's, since an
+    element's own ulp near zero says nothing: the fp32 path recurrence itself is up to 164 elementwise bf16
+    ulps from a float64 solve at the Qwen3-Next shapes (a 1e-7 difference on an element of 1e-6), while
+    0.01 at this scale. It is also the scale the layer's gated RMSNorm divides by, per head vector."""
+    r = ref.double()
+    rms = r.pow(2).mean(-1, keepdim=True).sqrt()
+    scale = torch.maximum(r.abs(), rms).clamp_min(torch.finfo(torch.bfloat16).tiny)
+    ulp = torch.exp2(torch.floor(torch.log2(scale)) - 7)  # bf16 keeps 7 explicit mantissa bits
+    return (a.double() - r).abs() / ulp
 
 
 def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
