@@ -23,10 +23,12 @@ def _engine(target, draft, shape, **kw):
     return Engine(target, WordTokenizer(), opts, draft)
 
 
-def _serve(eng, schedule, n_new):
+def _serve(eng, schedule, n_new, lookahead=False):
     """Drive the batch like the scheduler: ``schedule[t]`` = prompts arriving before step t. Returns each
-    prompt's tokens, the step its first token came out at, and the tokens every request had per step."""
+    prompt's tokens, the step its first token came out at, and the tokens every request had per step.
+    ``lookahead``: launch round t + 1 before reading round t back, as on CUDA."""
     batch, params = eng.batch, SamplingParams(max_new_tokens=n_new, ignore_eos=True)
+    batch.lookahead = lookahead
     out, first_at, per_step, reqs = {}, {}, [], {}
     t = 0
     while t < len(schedule) or batch.busy:
@@ -55,8 +57,12 @@ def _drafter(kind, target):
     return None if kind == "none" else target.truncated(1)
 
 
-@pytest.mark.parametrize("shape,drafter", [("ar", "none"), ("chain", "layer"), ("tree", "layer"), ("tree", "eagle3")])
-def test_greedy_with_admission_equals_each_request_alone(shape, drafter):
+@pytest.mark.parametrize(
+    "shape,drafter,lookahead",
+    [("ar", "none", False), ("chain", "layer", False), ("tree", "layer", True), ("tree", "eagle3", False),
+     ("tree", "eagle3", True)],
+)  # fmt: skip
+def test_greedy_with_admission_equals_each_request_alone(shape, drafter, lookahead):
     V = 12 if drafter == "eagle3" else None
     target = tiny_model("tiny-llama", **({"vocab_size": V} if V else {}))
     draft = _drafter(drafter, target)
@@ -67,7 +73,7 @@ def test_greedy_with_admission_equals_each_request_alone(shape, drafter):
     alone = [alone_eng.generate([p], params)[0].token_ids for p in ps]
     eng = _engine(target, draft, shape, prompt_admission=64)
     schedule = [[ps[0]], [], [ps[1], ps[2]], [ps[3]], [], [ps[4], ps[5]]]
-    got, _, _ = _serve(eng, schedule, 20)
+    got, _, _ = _serve(eng, schedule, 20, lookahead)
     assert got == alone
     a = eng.batch.admissions
     assert a[IDLE] == 1 and a[RIDE] >= 3 and FALLBACK not in a  # the first found nothing running
@@ -120,6 +126,15 @@ def test_mixed_forward_equals_separate_forwards():
     apart = [mixed_forward(model, [g], c)[0] for g, c in ((a, kv()), (b, kv()))]
     for x, y in zip(both, apart, strict=True):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)  # float32 GEMMs of other row counts
+    # b's rows packed (named by index, in another order): causal attention over the chunk itself, the same
+    # logits and the same K/V in the same cache rows.
+    perm = torch.tensor([1, 0])
+    packed = group(b.tokens[perm], torch.tensor([0, 0]), (0, 2))
+    packed.rows, packed.mask = torch.tensor([3, 2]), None
+    c2 = kv()
+    out = mixed_forward(model, [a, packed], c2)[1]
+    torch.testing.assert_close(out, apart[1][perm], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(c2[0][0][2:4, :9], cache[0][0][2:4, :9], atol=1e-5, rtol=1e-5)
 
 
 def test_options_refuse_what_admission_cannot_ride():
@@ -163,3 +178,27 @@ def test_scheduler_admits_into_the_verify_pass_and_reports_it():
     assert f'specpilot_prompt_admissions_total{{path="idle"}} {counts[IDLE]}' in text
     assert "prompt_admissions_total{path=" in text
     assert "prompt_admissions_total" not in Scheduler(_engine(target, target.truncated(1), "chain")).metrics.render()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,drafter", [("chain", "layer"), ("tree", "layer"), ("tree", "eagle3")])
+def test_captured_carrying_rounds_equal_each_request_alone_gpu(shape, drafter):
+    # On CUDA the carrying rounds replay graphs captured at warm-up (eager tree rounds cost several replays).
+    V = 12 if drafter == "eagle3" else None
+    target = tiny_model("tiny-llama", **({"vocab_size": V} if V else {})).cuda()
+    draft = _drafter(drafter, target)
+    ps = prompts([7, 30, 3, 61, 12, 45], target.cfg.vocab_size, seed=3)
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
+    opts = EngineOptions(**kw, compile=False, **SHAPES[shape])
+    alone_eng = Engine(target, WordTokenizer(), opts, draft)
+    alone_eng.warmup()
+    alone = [alone_eng.generate([p], params)[0].token_ids for p in ps]
+    eng = Engine(
+        target, WordTokenizer(), EngineOptions(**kw, compile=False, **SHAPES[shape], prompt_admission=64), draft
+    )
+    eng.warmup()
+    captured = len(eng.carrying._graphs)
+    got, _, _ = _serve(eng, [[ps[0]], [], [ps[1], ps[2]], [ps[3]], [], [ps[4], ps[5]]], 20, lookahead=True)
+    assert got == alone and eng.batch.admissions[RIDE] >= 3
+    assert captured > 0 and len(eng.carrying._graphs) == captured  # every shape was captured at warm-up

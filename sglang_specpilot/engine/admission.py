@@ -7,19 +7,21 @@ joins the target forward of the next round (``models.mixed_forward``): the proje
 each weight once for the round's verify block and the prompt's chunk together. With no row running there
 is no round to ride on and nothing to wait for: the prompt is prefilled at once, as without admission.
 
-TTFT.  Only prompts whose tokens fit in one pass ride (at most A prompt tokens per round in all, A at
-most one prefill chunk), so a riding prompt's first token comes out of the very round that carries it:
-the round the separate prefill would have waited for. Longer prompts take the separate prefill.
+TTFT.  Only prompts that fit in one pass ride (at most A prompt tokens and ``RIDER_SLOTS`` prompts per
+round, A at most one prefill chunk), so a riding prompt's first token comes out of the very round that
+carries it: the round its separate prefill would have waited for. Other prompts take the separate prefill
+at once rather than wait for a later round.
 
-Starvation.  A rider never replaces a round: every step still runs one round for every running row,
-and A bounds what a round carries besides its own work. A parked prompt rides the next round, so no
-prompt waits behind another either.
+Starvation.  A rider never replaces a round: every step still runs one round for every running row, and
+A bounds what a round carries besides its own work. A parked prompt rides the next round.
 
-Layout.  The rider covers rows 0 .. hi - 1 like the separate prefill (pad, not pack); rows that are not
-riding get seq_len ``max_seq_len`` there and write only scratch slots, and a riding row sits parked at
-``max_seq_len`` (in_use False) in the round's own group, so neither group touches the other's slots. The
-drafter's prefill of the new rows (a small model) runs after the round; an EAGLE-3 drafter reads the
-target features the rider returns, as ``Engine._prefill_eagle`` does.
+Layout.  The riders are packed (``RIDER_SLOTS`` rows of ``width`` tokens, unused slots write scratch slots
+of row 0), so a round carries only their tokens; a riding row sits parked at ``max_seq_len`` (in_use
+False) in the round's own group, so neither group touches the other's slots. The drafter's prefill of the
+new rows follows in the same step over rows 0 .. b - 1 (rows not riding write scratch slots, as the
+separate prefill does); an EAGLE-3 drafter reads the target features the rider returns. ``carry`` is
+tensor work with shapes fixed by (bucket, width): on CUDA each (round kind, bucket, width) is captured as
+a CUDA graph (``CarryingGraphs``), since an eager tree round costs many times its graph replay.
 """
 
 from __future__ import annotations
@@ -29,91 +31,164 @@ from dataclasses import dataclass
 import torch
 
 from ..models.mixed_forward import Group
-from .attn_meta import build_step_meta, causal_tree
-from .request import Request
+from .attn_meta import causal_tree
+from .sampling import next_tokens, nonfinite_rows
 
 # /metrics labels of the decisions: rode in the verify pass; took the separate prefill because nothing was
-# running, the prompt is longer than the allowance, the round's allowance was taken by earlier prompts, or
-# the carrying round failed.
+# running, the prompt is longer than the allowance, the round's allowance or slots were taken by earlier
+# prompts, or the carrying round failed.
 RIDE, IDLE, LONG, FULL, FALLBACK = "verify", "idle", "long", "full", "fallback"
+RIDER_SLOTS = 2  # prompts one round carries at most: the captured shapes carry this many packed rows
 
 
-def admission_path(n_prompt: int, running: int, room: int, allowance: int) -> str:
-    """RIDE when a round will run anyway (``running`` rows) and the prompt fits the ``room`` left of the
-    next round's ``allowance``; else why it takes the separate prefill (IDLE, LONG, FULL). A prompt that
-    does not fit is not held for a later round: its separate prefill now gives it the earlier first token."""
+def admission_path(n_prompt: int, running: int, room: int, allowance: int, slots_free: int = 1) -> str:
+    """RIDE when a round will run anyway (``running`` rows), a rider slot is free and the prompt fits the
+    ``room`` left of the next round's ``allowance``; else why it takes the separate prefill."""
     if running == 0:
         return IDLE
     if n_prompt > allowance:
         return LONG
-    return RIDE if n_prompt <= room else FULL
+    return RIDE if n_prompt <= room and slots_free > 0 else FULL
+
+
+def rider_width(n: int, cap: int) -> int:
+    """The rider's padded width for a longest prompt of ``n`` tokens: 64, 128, 256, ... (few captured
+    shapes), at most ``cap`` (the cache's scratch slots, which unused slots write)."""
+    w = 64
+    while w < n:
+        w *= 2
+    return min(w, cap)
+
+
+def rider_widths(allowance: int, cap: int) -> list[int]:
+    return sorted({rider_width(n, cap) for n in range(1, allowance + 1)})
 
 
 @dataclass
-class PrefillRider:
-    """What one round carries: ``reqs`` (their rows are parked), their ``lens`` over rows 0 .. hi - 1
-    (0 for rows not riding), the target group, and after the round ``out`` (the group's result)."""
+class Riders:
+    """Static inputs of a carrying step: ``rows`` [RIDER_SLOTS] the riders' rows (unused: 0), ``lens``
+    [RIDER_SLOTS] their prompt lengths (unused: 0), and the padded ``width``."""
 
-    reqs: list[Request]
+    rows: torch.Tensor
     lens: torch.Tensor
-    group: Group
-    out: object = None
+    width: int
+
+    @classmethod
+    def empty(cls, width: int, device) -> Riders:
+        z = torch.zeros(RIDER_SLOTS, dtype=torch.long, device=device)
+        return cls(z, z.clone(), width)
+
+    def fill(self, rows: list[int], lens: list[int]) -> None:
+        pad = RIDER_SLOTS - len(rows)
+        self.rows.copy_(torch.tensor(rows + [0] * pad))
+        self.lens.copy_(torch.tensor(lens + [0] * pad))
 
 
-def build_rider(engine, reqs: list[Request], hi: int) -> PrefillRider:
-    from .engine import prefill_width
+class _Rider:
+    # What ``ModelRunner._ride`` reads: the target group, and where the group's result lands.
+    def __init__(self, group: Group):
+        self.group, self.out = group, None
 
-    dev, st, max_seq = engine.device, engine.state, engine.options.max_seq_len
-    lens = [0] * hi
-    for r in reqs:
-        lens[r.index] = len(r.prompt)
-    lens_t = torch.tensor(lens, device=dev)
-    width = prefill_width(max(lens), engine.options.prefill_chunk)
-    seq = torch.where(lens_t > 0, 0, max_seq)
-    anc, depth = causal_tree(width, dev)
-    runner = engine.target_runner
-    kv_len = min(runner.kv.max_seq, -(-width // 64) * 64)
-    meta = build_step_meta(seq, anc, depth, kv_len, runner.group)
+
+def carry(engine, rnd, st, b: int, bs, riders: Riders, max_len: int | None) -> torch.Tensor:
+    """Round ``rnd`` over rows 0 .. b - 1 with the riders' prefill in its target forward, then the drafter's
+    prefill of their rows, their first tokens and their rows' state. Tensor ops only (no host read): on CUDA
+    this runs inside a CUDA graph. Returns [b, 2]: each row's first token and non-finite flag (riders' rows)."""
+    dev, max_seq, W = engine.device, engine.options.max_seq_len, riders.width
+    rows, lens, used = riders.rows, riders.lens, riders.lens > 0
+    seq = torch.where(used, 0, max_seq)  # unused slots write past max_seq: scratch
+    slots = seq[:, None] + torch.arange(W, device=dev)
+    pos = torch.arange(W, device=dev).expand(RIDER_SLOTS, W)
+    last_row = (lens - 1).clamp(min=0)[:, None]
     group = Group(
-        st.history[:hi, :width],
-        meta.positions,
-        meta.slots,
-        meta.mask,
-        (0, hi),
-        seq,
-        anc,
-        logit_rows=(lens_t - 1).clamp(min=0)[:, None],
-        feature_layers=engine.feature_layers,
+        st.history[rows, :W], pos, slots, None, rows, logit_rows=last_row, feature_layers=engine.feature_layers
     )
-    return PrefillRider(list(reqs), lens_t, group)
-
-
-@torch.inference_mode()
-def finish_rider(engine, rider: PrefillRider) -> torch.Tensor:
-    """After the round: the drafter's prefill of the riding rows; returns their last-position logits [hi, V]."""
-    if rider.out is None:
+    rider = _Rider(group)
+    engine.target_runner.rider = rider
+    rnd.run(st, b, bs, max_len)
+    if engine.target_runner.rider is not None or rider.out is None:
+        engine.target_runner.rider = None
         raise RuntimeError("the round ran no target forward to carry the prompts' prefill")
-    if engine.feature_layers is None:
-        logits = rider.out
-        if engine.draft_runner is not None:
-            engine._prefill(engine.draft_runner, engine.state.history[: len(rider.lens)], rider.lens.tolist(), False)
-        return logits[:, 0]
-    logits, feats = rider.out
-    _eagle_draft_prefill(engine, rider, feats)
-    return logits[:, 0]
+    logits, feats = rider.out if engine.feature_layers is not None else (rider.out, None)
+    # Per row of the bucket (index_add: unused slots add zeros, so they never clobber a rider's row).
+    lens_b = torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, lens)
+    riding = lens_b > 0
+    logits = torch.where(used[:, None], logits[:, 0], 0)  # where, not a product: 0 * inf would be NaN
+    last = torch.zeros(b, logits.shape[-1], dtype=logits.dtype, device=dev).index_add_(0, rows, logits)
+    _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row)
+    first = next_tokens(last, bs)
+    bad = nonfinite_rows(last) & riding
+    st.next_tok[:b] = torch.where(riding, first, st.next_tok[:b])
+    st.seq_len[:b] = torch.where(riding, lens_b, st.seq_len[:b])
+    st.in_use[:b] = torch.where(riding, ~bad, st.in_use[:b])  # a row with bad logits fails when read back
+    return torch.stack([first, bad.long()], 1)
 
 
-def _eagle_draft_prefill(engine, rider: PrefillRider, feats: torch.Tensor) -> None:
+def _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row) -> None:
+    if engine.draft_runner is None:
+        return
+    seq = torch.where(lens_b > 0, 0, engine.options.max_seq_len)
+    anc, depth = causal_tree(W, engine.device)
+    toks = st.history[:b, :W]
+    one = torch.zeros(b, 1, dtype=torch.long, device=engine.device)  # logits the drafter's prefill discards
+    if feats is None:
+        engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True)
+        return
     # ``Engine._prefill_eagle`` for one chunk whose target half already ran: the drafter reads each
-    # position's feature one position earlier (zeros before position 0), and the prompt's last feature
-    # waits in the round state for the first round.
-    st, g, lens = engine.state, rider.group, rider.lens
-    B, F = feats.shape[0], feats.shape[-1]
-    prev = torch.zeros(B, 1, F, device=feats.device, dtype=feats.dtype)
-    depth = torch.arange(g.tokens.shape[1], device=feats.device)
-    proj = engine.draft.project(torch.cat([prev, feats[:, :-1]], 1))
-    engine.draft_runner.step(g.tokens, g.seq_len, g.anc, depth, max_len_hint=0, eager=True, g=proj)
-    last = feats.gather(1, g.logit_rows[:, :, None].expand(B, 1, F))[:, 0]
-    rows = lens > 0
-    st.feats[:B, 0] = torch.where(rows[:, None], last.to(st.feats.dtype), st.feats[:B, 0])
-    st.n_prev[:B] = torch.where(rows, 0, st.n_prev[:B])
+    # position's feature one position earlier (zeros before position 0); the prompt's last feature waits
+    # in the round state for the first round, which feeds it with the first emitted token (n_prev 0).
+    F_ = feats.shape[-1]
+    feats = torch.where(used[:, None, None], feats, 0)
+    full = torch.zeros(b, W, F_, dtype=feats.dtype, device=feats.device).index_add_(0, rows, feats)
+    prev = torch.zeros(b, 1, F_, dtype=feats.dtype, device=feats.device)
+    g = engine.draft.project(torch.cat([prev, full[:, :-1]], 1))
+    engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True, g=g)
+    last = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
+    last_b = torch.zeros(b, F_, dtype=feats.dtype, device=feats.device).index_add_(0, rows, last)
+    riding = lens_b > 0
+    st.feats[:b, 0] = torch.where(riding[:, None], last_b.to(st.feats.dtype), st.feats[:b, 0])
+    st.n_prev[:b] = torch.where(riding, 0, st.n_prev[:b])
+
+
+class CarryingGraphs:
+    """``carry`` captured per (round kind, bucket, width) on CUDA (greedy rounds), as ``CapturedRound`` does
+    for plain rounds: the warm-up runs park the bucket's rows past ``max_seq`` with no riders, so nothing
+    lands in any request's slots, and the rows' state is restored afterwards. One memory pool for all:
+    they are replayed one at a time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Riders, torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def __contains__(self, key) -> bool:
+        return key in self._graphs
+
+    @torch.inference_mode()
+    def capture(self, key, rnd, bs) -> None:
+        if key in self._graphs:
+            return
+        eng, st = self.engine, self.engine.state
+        _, b, width = key
+        riders = Riders.empty(width, eng.device)
+        saved = [t[:b].clone() for t in st.row_tensors()]
+        st.seq_len[:b] = eng.options.max_seq_len
+        st.in_use[:b] = False
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                carry(eng, rnd, st, b, bs, riders, None)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = carry(eng, rnd, st, b, bs, riders, None)
+        for t, v in zip(st.row_tensors(), saved, strict=True):
+            t[:b].copy_(v)
+        self._graphs[key] = (graph, riders, out)
+
+    def replay(self, key, rows: list[int], lens: list[int]) -> torch.Tensor:
+        graph, riders, out = self._graphs[key]
+        riders.fill(rows, lens)
+        graph.replay()
+        return out

@@ -170,6 +170,12 @@ class Engine:
         self.colocated_last = False
         self._batch: RowBatch | None = None
         self.warmup_s: float | None = None
+        # Prompt admission's carrying rounds, captured per (kind, bucket, width) where rounds are captured.
+        self.carrying = None
+        if options.prompt_admission and self.captured is not None:
+            from .admission import CarryingGraphs
+
+            self.carrying = CarryingGraphs(self)
 
     def _check_hybrid(self, options: EngineOptions, shape: RoundShape) -> None:
         """A hybrid (GDN) target: set its verify strategy, refuse what its recurrent state cannot serve."""
@@ -248,6 +254,8 @@ class Engine:
             self.captured.capture(b, bs)
             for cap in self.kinds_captured.values():
                 cap.capture(b, bs)
+            if self.carrying is not None:
+                self._warm_carrying(b, bs)
         if self.policy is not None and self.policy.auto_off is not None and self.policy.auto_off.curve is None:
             say("warm-up: timing the AR and speculative rounds per batch bucket (automatic off's step curve)")
             self.policy.auto_off.curve = self._measure_curve(ladder)
@@ -255,6 +263,15 @@ class Engine:
         self.warmup_s = time.perf_counter() - t0
         say(f"warm-up done in {self.warmup_s:.1f} s ({len(ladder)} batch sizes)")
         return self.warmup_s
+
+    def _warm_carrying(self, b: int, bs: BatchSampling) -> None:
+        # Every (kind, width) a carrying round of bucket b may take: a capture at serving time would cost
+        # the first riders of each shape their TTFT.
+        from .admission import rider_widths
+
+        for w in rider_widths(self.options.prompt_admission, self.target_runner.scratch):
+            for kind in (None, *self.kinds_captured):
+                self.carrying.capture((kind, b, w), self.round if kind is None else self.kinds[kind], bs)
 
     @torch.inference_mode()
     def _measure_curve(self, ladder: tuple[int, ...]) -> StepCurve:
@@ -318,6 +335,24 @@ class Engine:
             captured.replay(b)
         else:
             rnd.run(self.state, b, bs, max_len)
+
+    def run_carrying(self, b: int, bs: BatchSampling, max_len: int | None, kind, rows: list[int], lens: list[int]):
+        """A round over rows ``0 .. b - 1`` that carries the prefill of prompts parked in ``rows`` (``lens``
+        tokens each; ``admission.carry``): a graph replay for greedy rounds on CUDA, else eager. Returns
+        [b, 2] on the device: first tokens and non-finite flags (the riders' rows). Reads nothing back."""
+        from .admission import Riders, carry, rider_width
+
+        width = rider_width(max(lens), self.target_runner.scratch)
+        rnd = self.round if kind is None else self.kinds[kind]
+        if self.carrying is not None and bs.all_greedy and rnd.capturable:
+            key = (kind, b, width)
+            if key not in self.carrying:
+                self.carrying.capture(key, rnd, bs)
+            return self.carrying.replay(key, rows, lens)
+        riders = Riders.empty(width, self.device)
+        riders.fill(rows, lens)
+        max_len = max_len if self.device.type != "cuda" else None
+        return carry(self, rnd, self.state, b, bs, riders, max_len)
 
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:

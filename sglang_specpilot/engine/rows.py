@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .admission import FALLBACK, RIDE, admission_path, build_rider, finish_rider
+from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
 
@@ -58,7 +58,7 @@ class _Inflight:
     done: torch.cuda.Event | None
     kind: object = None  # the round kind it ran (``Engine.kinds``; None: the engine's own round)
     admitted: list[Request] | None = None  # prompts whose prefill rode in the round (``admission``)
-    admitted_host: torch.Tensor | None = None  # [k, 2]: their first tokens and non-finite flags
+    admitted_host: torch.Tensor | None = None  # [b, 2]: first tokens and non-finite flags (riders' rows)
 
 
 class RowBatch:
@@ -181,7 +181,7 @@ class RowBatch:
         room = self.admission - sum(len(r.prompt) for r in self._riders)
         rest = []
         for req in placed:
-            path = admission_path(len(req.prompt), running, room, self.admission)
+            path = admission_path(len(req.prompt), running, room, self.admission, RIDER_SLOTS - len(self._riders))
             self.admissions[path] = self.admissions.get(path, 0) + 1
             if path != RIDE:
                 rest.append(req)
@@ -317,16 +317,13 @@ class RowBatch:
         return _Inflight(rows, host, done, kind, riders or None, admitted)
 
     def _run_with_riders(self, riders: list[Request], b: int, bs, max_len: int, kind) -> torch.Tensor | None:
-        """The round with the parked prompts' prefill in its target forward, then their first tokens (on the
-        device: [k, 2] tokens and non-finite flags). If that fails they are prefilled apart, which isolates a
-        request that fails alone (their events come out of this step), and None is returned."""
-        eng, st = self.engine, self.state
-        hi = self._hi()
+        """The round with the parked prompts' prefill in its target forward (``Engine.run_carrying``); returns
+        [b, 2] on the device (first tokens and non-finite flags of the riders' rows). If that fails they are
+        prefilled apart, which isolates a request that fails alone (their events come out of this step), and
+        None is returned."""
+        eng = self.engine
         try:
-            rider = build_rider(eng, riders, hi)
-            eng.target_runner.rider = rider
-            eng.run_round(b, bs, max_len, kind, eager=True)
-            last = finish_rider(eng, rider)
+            out = eng.run_carrying(b, bs, max_len, kind, [r.index for r in riders], [len(r.prompt) for r in riders])
         except Exception as e:
             eng.target_runner.rider = None
             log.warning("a round carrying %d prompts failed (%s: %s); prefilling them apart", len(riders), type(e), e)
@@ -335,15 +332,9 @@ class RowBatch:
                 self.state.seq_len[r.index] = 1
             self._fallback_events += self._prefill(riders)
             return None
-        first = next_tokens(last, self._sampling(hi))
-        rows = torch.tensor([r.index for r in riders], device=eng.device)
-        bad = nonfinite_rows(last[rows])
-        st.next_tok[rows] = first[rows]
-        st.seq_len[rows] = torch.tensor([len(r.prompt) for r in riders], device=eng.device)
-        st.in_use[rows] = ~bad  # a row with non-finite logits fails when read back; it must not run meanwhile
         for r in riders:
             self.host_len[r.index] = len(r.prompt)
-        return torch.stack([first[rows], bad.long()], 1)
+        return out
 
     def _collect(self) -> list[StreamEvent]:
         inflight = self._inflight
@@ -369,9 +360,11 @@ class RowBatch:
             self.rounds += 1
             self.round_tokens += k
             events += self._emit(req, packed[row][:k], count_round=True)
-        for req, (tok, bad) in zip(inflight.admitted or [], self._admitted_rows(inflight), strict=True):
+        firsts = self._admitted_rows(inflight)
+        for req in inflight.admitted or []:
             if self.rows[req.index] is not req:  # cancelled since
                 continue
+            tok, bad = firsts[req.index]
             if bad:
                 events += self._fail(req, NONFINITE, clear_kv=True)
                 continue

@@ -6,6 +6,12 @@ the MLP (everything that reads weights) run once on the groups' tokens concatena
 which reads each group's own cache rows, runs per group, the way mixed prefill/decode batches pack tokens.
 Per token the arithmetic is ``Transformer.forward``'s (``Block.forward``: h = x + attn(norm(x)), then
 h + mlp(norm(h))); only the GEMMs' row count differs.
+
+A group names its cache rows either as a range (its rows' views of the cache; attention over prefix and
+block as ``Attention.core``) or as a tensor of row indices, packed: then the group is a prompt's first
+chunk, which sees only its own tokens, so attention is causal over the chunk's own K/V (no cache read) and
+the K/V are scattered into those rows. Packing lets a prefill carry only the prompts that need it, not
+every row of the batch.
 """
 
 from __future__ import annotations
@@ -13,13 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .llama import Transformer
+from .rope import apply_rope
 
 
 @dataclass
 class Group:
-    """One group of a mixed pass: cache rows ``rows[0] .. rows[1] - 1``, ``tokens`` [B, N] there.
+    """One group of a mixed pass: ``tokens`` [B, N] in cache rows ``rows[0] .. rows[1] - 1``, or in the rows
+    a [B] int64 tensor ``rows`` lists (a packed first chunk: see the module docstring).
 
     positions, slots : [B, N]; mask : [B, 1, N * G, S] bool or None (the fused kernel, which needs
     ``seq_len`` [B] and ``anc``); logit_rows : [B, R] or None (all N); feature_layers : layer indices
@@ -30,7 +39,7 @@ class Group:
     positions: torch.Tensor
     slots: torch.Tensor
     mask: torch.Tensor | None
-    rows: tuple[int, int]
+    rows: tuple[int, int] | torch.Tensor
     seq_len: torch.Tensor | None = None
     anc: torch.Tensor | None = None
     logit_rows: torch.Tensor | None = None
@@ -54,11 +63,13 @@ def mixed_forward(model: Transformer, groups: list[Group], kv: list[tuple[torch.
         qkv = attn.wqkv(layer.attn_norm(x)).split(sizes)
         outs = []
         for g, (b, n), part, (cos, sin), bi in zip(groups, shapes, qkv, rope, idx, strict=True):
-            lo, hi = g.rows
-            # The group's rows of the cache as views, so its K/V writes land in the shared cache.
-            o = attn.core(
-                part.view(b, n, -1), cos, sin, k_cache[lo:hi], v_cache[lo:hi], bi, g.slots, g.mask, g.seq_len, g.anc
-            )
+            if isinstance(g.rows, torch.Tensor):
+                o = _first_chunk_attention(attn, part.view(b, n, -1), cos, sin, k_cache, v_cache, g.rows, g.slots)
+            else:
+                lo, hi = g.rows
+                # The group's rows of the cache as views, so its K/V writes land in the shared cache.
+                kc, vc = k_cache[lo:hi], v_cache[lo:hi]
+                o = attn.core(part.view(b, n, -1), cos, sin, kc, vc, bi, g.slots, g.mask, g.seq_len, g.anc)
             outs.append(o.flatten(0, 1))
         x = x + attn.wo(torch.cat(outs))
         x = x + layer.mlp(layer.mlp_norm(x))
@@ -80,3 +91,24 @@ def mixed_forward(model: Transformer, groups: list[Group], kv: list[tuple[torch.
             f = torch.cat([t[offsets[j] : offsets[j + 1]] for t in feats[j]], -1).view(b, n, -1)
             results.append((logits, f))
     return results
+
+
+def _first_chunk_attention(attn, qkv, cos, sin, k_cache, v_cache, rows, slots) -> torch.Tensor:
+    """``Attention.core`` for a prompt's first chunk in cache rows ``rows`` [B]: the same projections' split,
+    norms and rope, K/V written at ``slots``, then causal attention over the chunk itself -> [B, N, q_size]."""
+    cfg = attn.cfg
+    B, N, _ = qkv.shape
+    q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    q = q.view(B, N, cfg.num_heads, cfg.head_dim)
+    k = k.view(B, N, cfg.num_kv_heads, cfg.head_dim)
+    v = v.view(B, N, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache[rows[:, None], slots] = k
+    v_cache[rows[:, None], slots] = v
+    G = cfg.num_heads // cfg.num_kv_heads
+    kh = k.transpose(1, 2).repeat_interleave(G, dim=1)
+    vh = v.transpose(1, 2).repeat_interleave(G, dim=1)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, is_causal=True)
+    return o.transpose(1, 2).reshape(B, N, cfg.q_size)

@@ -294,7 +294,9 @@ class _Run:
 
     def finish(self) -> None:
         cells = self.carried + self.out["cells"]
-        self.out["metrics"], self.out["incomplete"] = summarize(cells, self.concurrency)
+        # Over every N measured in this call or carried from an earlier one (two calls cover the grid).
+        grid = sorted(set(self.concurrency) | {c["concurrency"] for c in self.carried})
+        self.out["metrics"], self.out["incomplete"] = summarize(cells, grid)
         self.out["table"] = readme_table(cells)
         self.out["systems"] = {s: LABELS[s] for s in self.systems}
 
