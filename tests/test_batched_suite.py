@@ -78,8 +78,20 @@ def test_deadline_part_errors_and_resume(folders, tmp_path):
     path2 = run_suite("batched", _argv(folders, tmp_path / "b", "--concurrency", "1,2", "--deadline-s", "0",
                                        "--resume", str(path)))  # fmt: skip
     doc2 = json.loads(path2.read_text())
-    assert doc2["cells"] == [] and len(doc2["skipped"]) == 2  # only the failed system's parts were left to run
+    assert len(doc2["skipped"]) == 2  # only the failed system's parts were left to run
+    assert [c["carried_from"] for c in doc2["cells"]] == [doc["commit"]] * len(doc["cells"])
     assert doc2["metrics"]["batched_tokens_per_s_ar_n1"] == doc["metrics"]["batched_tokens_per_s_ar_n1"]
+
+
+def test_two_calls_cover_the_grid(folders, tmp_path):
+    a = run_suite("batched", _argv(folders, tmp_path / "a", "--concurrency", "1", "--warm-tokens", "0"))
+    assert "batched_min_speedup_vs_ar" in json.loads(a.read_text())["metrics"]  # over N = 1 alone
+    b = run_suite("batched", _argv(folders, tmp_path / "b", "--concurrency", "2", "--resume", str(a)))
+    doc = json.loads(b.read_text())
+    assert {(c["concurrency"], "carried_from" in c) for c in doc["cells"]} == {(1, True), (2, False)}
+    m = doc["metrics"]
+    per_n = [m[f"batched_tokens_per_s_specpilot_batched_n{n}"] / m[f"batched_tokens_per_s_ar_n{n}"] for n in (1, 2)]
+    assert m["batched_min_speedup_vs_ar"] == pytest.approx(min(per_n), abs=2e-3)  # over both calls' N
 
 
 def test_metrics_need_every_cell_they_cover():

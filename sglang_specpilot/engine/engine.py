@@ -233,18 +233,22 @@ class Engine:
         target, draft, tokenizer, options = load_engine_models(options)
         return cls(target, tokenizer, options, draft)
 
-    def warmup(self, buckets: tuple[int, ...] | None = None, progress=True) -> float:
+    def warmup(
+        self, buckets: tuple[int, ...] | None = None, progress=True, prefill_batches: tuple[int, ...] | None = None
+    ) -> float:
         """Compile and capture every round this configuration runs (each batch bucket) and run every
         padded prefill shape, now rather than on first use; returns the seconds it took (also kept in
         ``warmup_s``). ``progress``: True logs each step (logger ``specpilot.engine``), a callable gets
-        each line, False/None is silent. No-op off CUDA."""
+        each line, False/None is silent. ``prefill_batches``: the numbers of prompts prefilled together whose
+        shapes to run (default every count up to the largest bucket: at 64 rows and an 8B model that sweep
+        alone is minutes of compute). No-op off CUDA."""
         if self.captured is None:
             return 0.0
         say = (lambda m: log.info("%s", m)) if progress is True else (progress or (lambda m: None))
         t0 = time.perf_counter()
         ladder = buckets or self.target_runner.ladder
         say("warm-up: prefill shapes")
-        self._warm_prefill(ladder)
+        self._warm_prefill(ladder, prefill_batches)
         for i, b in enumerate(ladder):
             say(
                 f"warm-up: compiling and capturing the round for batch {b} ({i + 1}/{len(ladder)}, "
@@ -285,14 +289,14 @@ class Engine:
         return curve
 
     @torch.inference_mode()
-    def _warm_prefill(self, ladder: tuple[int, ...]) -> None:
+    def _warm_prefill(self, ladder: tuple[int, ...], batches: tuple[int, ...] | None = None) -> None:
         # Every padded prefill shape once per batch size, in the scratch slots past max_seq (no row's).
         chunk = self.options.prefill_chunk
         widths = sorted({prefill_width(n, chunk) for n in range(1, chunk + 1)})
         for runner in (self.target_runner, self.draft_runner):
             if runner is None:
                 continue
-            for b in range(1, max(ladder) + 1):
+            for b in batches if batches is not None else range(1, max(ladder) + 1):
                 seq = torch.full((b,), self.options.max_seq_len, device=self.device)
                 for w in widths:
                     toks = torch.zeros(b, w, dtype=torch.long, device=self.device)

@@ -70,6 +70,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the lift's random entries")
     p.add_argument("--deadline-s", type=float, default=480.0, help="seconds after which no new part starts")
     p.add_argument("--part-timeout-s", type=float, default=120.0, help="seconds one (system, N) part may take")
+    p.add_argument(
+        "--warm-tokens", type=int, default=8, help="tokens per request of the untimed pass before each part (0: none)"
+    )
     p.add_argument("--resume", default=None, help="an earlier batched results file whose cells to carry over")
 
 
@@ -247,7 +250,9 @@ class _Run:
             opts = EngineOptions(**self.options(system))
             eng = Engine(self.target, self.tok, opts, None if system == "ar" else self.drafter)
             t0 = time.perf_counter()
-            eng.warmup(tuple(self.concurrency), progress=lambda m: self.say(f"{system} {m}"))
+            # Prefill shapes of one or two prompts only: the untimed pass before each part runs the ones the
+            # part meets (the engine's full sweep, every row count up to 64, is minutes at 8B).
+            eng.warmup(tuple(self.concurrency), lambda m: self.say(f"{system} {m}"), prefill_batches=(1, 2))
             curve = eng.policy.auto_off.curve if eng.policy is not None and eng.policy.auto_off else None
             self.out["rows"].append({
                 "case": "engine", "system": system, "warmup_s": time.perf_counter() - t0,
@@ -273,18 +278,21 @@ class _Run:
         eng = self.engine(system)
         reqs = max(n, self.args.min_requests)
         chosen = [prompts[i % len(prompts)] for i in range(reqs)]
-        before = _decisions(eng)
         sched = Scheduler(eng, idle_wait_s=0.01)
         sched.start()
         try:
+            if self.args.warm_tokens:  # the same prompts and arrivals, untimed: every prefill shape they meet
+                run_clients(sched, eng, chosen, n, self.args.warm_tokens, self.args.part_timeout_s)
+            before = _decisions(eng)
             records, wall = run_clients(sched, eng, chosen, n, self.args.new_tokens, self.args.part_timeout_s)
+            after = _decisions(eng)
         finally:
             sched.stop()
             eng.batch.drain()
         if system == "ar":
             ar_ids.update({r["prompt"]: r["token_ids"] for r in records if r["error"] is None})
         c = cell(system, n, records, wall, ar_ids if system != "ar" and ar_ids else None)
-        c["decisions"] = _delta(before, _decisions(eng))
+        c["decisions"] = _delta(before, after)
         self.out["cells"].append(c)
         keep = ("prompt", "n_prompt", "tokens", "ttft_s", "itl_s", "request_s", "error")
         self.out["rows"].append({"case": "requests", "system": system, "concurrency": n,
@@ -293,9 +301,9 @@ class _Run:
         self.say(f"{system} N={n}: {tps and round(tps, 1)} tok/s, TTFT p50 {c['ttft_p50_s']}, failed {c['failed']}")
 
     def finish(self) -> None:
-        cells = self.carried + self.out["cells"]
+        cells = self.out["cells"]  # the carried ones first, marked ``carried_from``
         # Over every N measured in this call or carried from an earlier one (two calls cover the grid).
-        grid = sorted(set(self.concurrency) | {c["concurrency"] for c in self.carried})
+        grid = sorted(set(self.concurrency) | {c["concurrency"] for c in cells})
         self.out["metrics"], self.out["incomplete"] = summarize(cells, grid)
         self.out["table"] = readme_table(cells)
         self.out["systems"] = {s: LABELS[s] for s in self.systems}
@@ -313,7 +321,9 @@ class _Run:
         a = self.args
         if a.resume:
             prev = json.loads(Path(a.resume).read_text())
-            self.carried = [dict(c, carried_from=prev.get("commit")) for c in prev.get("cells", [])]
+            self.carried = [c if "carried_from" in c else dict(c, carried_from=prev.get("commit"))
+                            for c in prev.get("cells", [])]  # fmt: skip
+            self.out["cells"] = list(self.carried)
         self.say(f"batched: N {self.concurrency}, systems {self.systems}, results {self.path}")
         self.load()
         prompts = self.prompts()
