@@ -203,6 +203,29 @@ def test_gpu_graph_capture_replays_eager():
         assert torch.equal(a, b)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("strat", ["path", "wy"])
+def test_gpu_captured_tree_rounds_equal_ar(strat):
+    # The kernel inside the engine's captured rounds (CUDA graphs), fp32: greedy trees give AR's tokens.
+    from helpers import WordTokenizer, prompts
+
+    from sglang_specpilot.config import EngineOptions
+    from sglang_specpilot.engine import Engine, SamplingParams
+
+    target = tiny_model("tiny-hybrid").cuda()
+    ps = prompts([5, 70, 9], target.cfg.vocab_size, seed=2)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    base = dict(max_seq_len=256, max_batch_size=4, graph_batch_sizes=(1, 2, 4), device="cuda", dtype="float32")
+    ar = [
+        r.token_ids
+        for r in Engine(target, WordTokenizer(), EngineOptions(**base, cuda_graphs=False)).generate(ps, params)
+    ]
+    tree = EngineOptions(**base, gdn_verify=strat, tree_budget=10, tree_depth=4, tree_top_k=3)
+    eng = Engine(target, WordTokenizer(), tree, target.attention_only())
+    eng.warmup()
+    assert [r.token_ids for r in eng.generate(ps, params)] == ar
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Host-side pieces (any machine)
 # ---------------------------------------------------------------------------------------------------------
