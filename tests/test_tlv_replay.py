@@ -68,3 +68,16 @@ def test_cli_tau_tlv(capsys):
     assert {"tau_tlv4", "tau_tlv8", "tlv4_q_chain_agreement", "tlv_tokens_per_exact_pass_ratio"} <= set(out)
     assert out["tlv_budget"] in (4, 8) and out["tlv_chain_len"] == 2 and out["tlv_root_budget"] == 1
     assert main([*common, "--tlv"]) == 2 and "--weights w12" in capsys.readouterr().err
+
+
+def test_cli_tau_tlv_with_an_eagle3_drafter(tmp_path, capsys):
+    # The shipped drafter is an EAGLE-3 one: it must load onto a W12 target (whose head it copies rows of).
+    from sglang_specpilot.cli import main
+    from sglang_specpilot.drafters.eagle3 import save_eagle3
+
+    save_eagle3(_drafter(tiny_model("tiny-llama")), tmp_path / "e3")
+    argv = ["tau", "--model", "tiny-llama", "--synthetic", "--device", "cpu", "--prompts", "synthetic:1"]
+    argv += ["--new-tokens", "10", "--depth", "3", "--top-k", "2", "--budgets", "6", "--draft", str(tmp_path / "e3")]
+    assert main([*argv, "--weights", "w12", "--tlv", "--tlv-chain-len", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tlv_budget"] == 6 and out["tlv_hang_budget"] == 4 and "tlv_q_chain_agreement" in out

@@ -113,7 +113,14 @@ class FrozenHead(nn.Module):
 
 
 def _target_head(target: Transformer, d2t: torch.Tensor) -> FrozenHead:
-    return FrozenHead(target.lm_head.weight.detach()[d2t.to(target.lm_head.weight.device)].clone())
+    head = target.lm_head
+    if hasattr(head, "weight_w12"):  # a W12 target (--weights w12, --tlv) keeps no BF16 head: decode it, exact
+        from w12.format import decode_reference
+
+        weight = decode_reference(head.weight_w12)
+    else:
+        weight = head.weight.detach()
+    return FrozenHead(weight[d2t.to(weight.device)].clone())
 
 
 class Eagle3Drafter(nn.Module):
