@@ -7,7 +7,7 @@ from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
-from sglang_specpilot.engine.admission import FALLBACK, FULL, IDLE, LONG, RIDE
+from sglang_specpilot.engine.admission import FALLBACK, FULL, IDLE, LONG, RIDE, SLOWER, admission_path
 from sglang_specpilot.models.llama import Transformer
 from sglang_specpilot.models.mixed_forward import Group, mixed_forward
 
@@ -103,6 +103,20 @@ def test_allowance_is_shared_by_a_round_and_long_prompts_take_the_prefill():
     _serve(eng, [[ps[0]], ps[1:]], 6)
     # 10 fits, the second 10 no longer fits the round's 16 tokens, 40 never does.
     assert eng.batch.admissions == {IDLE: 1, RIDE: 1, FULL: 1, LONG: 1}
+
+
+def test_measured_costs_keep_a_prompt_out_of_a_slower_round():
+    assert admission_path(10, 2, 64, 64, 1, (3.0, 4.0)) == RIDE
+    assert admission_path(10, 2, 64, 64, 1, (5.0, 4.0)) == SLOWER  # its first token would come later
+    assert admission_path(10, 2, 64, 64, 1, None) == RIDE  # not measured (CPU): ride
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, target.truncated(1), "chain", prompt_admission=64)
+    eng.admission_costs = {(b, 64): (2.0, 1.0) for b in (1, 2, 4, 8)}  # planted: carrying is slower
+    ps = prompts([5, 9, 12], target.cfg.vocab_size, seed=7)
+    got, _, _ = _serve(eng, [[ps[0]], [ps[1]], [ps[2]]], 8)
+    assert eng.batch.admissions == {IDLE: 1, SLOWER: 2}
+    ref = _engine(target, target.truncated(1), "chain")
+    assert got == [ref.generate([p], SamplingParams(max_new_tokens=8, ignore_eos=True))[0].token_ids for p in ps]
 
 
 def test_mixed_forward_equals_separate_forwards():

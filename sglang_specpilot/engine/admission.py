@@ -10,7 +10,11 @@ is no round to ride on and nothing to wait for: the prompt is prefilled at once,
 TTFT.  Only prompts that fit in one pass ride (at most A prompt tokens and ``RIDER_SLOTS`` prompts per
 round, A at most one prefill chunk), so a riding prompt's first token comes out of the very round that
 carries it: the round its separate prefill would have waited for. Other prompts take the separate prefill
-at once rather than wait for a later round.
+at once rather than wait for a later round. Where it was measured (CUDA warm-up, ``measure_costs``), a
+prompt rides only if the carrying round of its bucket and width took no longer than the separate prefill
+of that shape, so its first token comes no later than without admission: the separate prefill pads every
+row up to the highest one in use (pad, not pack), which costs most at large batches, while the carried
+prefill packs only the riders, but on a small batch a round can cost more than the prefill it saves.
 
 Starvation.  A rider never replaces a round: every step still runs one round for every running row, and
 A bounds what a round carries besides its own work. A parked prompt rides the next round.
@@ -36,19 +40,24 @@ from .sampling import next_tokens, nonfinite_rows
 
 # /metrics labels of the decisions: rode in the verify pass; took the separate prefill because nothing was
 # running, the prompt is longer than the allowance, the round's allowance or slots were taken by earlier
-# prompts, or the carrying round failed.
-RIDE, IDLE, LONG, FULL, FALLBACK = "verify", "idle", "long", "full", "fallback"
+# prompts, the carrying round was measured slower than the separate prefill, or the carrying round failed.
+RIDE, IDLE, LONG, FULL, SLOWER, FALLBACK = "verify", "idle", "long", "full", "slower", "fallback"
 RIDER_SLOTS = 2  # prompts one round carries at most: the captured shapes carry this many packed rows
 
 
-def admission_path(n_prompt: int, running: int, room: int, allowance: int, slots_free: int = 1) -> str:
-    """RIDE when a round will run anyway (``running`` rows), a rider slot is free and the prompt fits the
-    ``room`` left of the next round's ``allowance``; else why it takes the separate prefill."""
+def admission_path(
+    n_prompt: int, running: int, room: int, allowance: int, slots_free: int = 1, cost: tuple | None = None
+) -> str:
+    """RIDE when a round will run anyway (``running`` rows), a rider slot is free, the prompt fits the
+    ``room`` left of the next round's ``allowance`` and, where ``cost`` = (carrying round ms, separate
+    prefill ms) was measured, carrying is no slower; else why it takes the separate prefill."""
     if running == 0:
         return IDLE
     if n_prompt > allowance:
         return LONG
-    return RIDE if n_prompt <= room and slots_free > 0 else FULL
+    if n_prompt > room or slots_free <= 0:
+        return FULL
+    return SLOWER if cost is not None and cost[0] > cost[1] else RIDE
 
 
 def rider_width(n: int, cap: int) -> int:
@@ -148,6 +157,23 @@ def _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row) -> Non
     riding = lens_b > 0
     st.feats[:b, 0] = torch.where(riding[:, None], last_b.to(st.feats.dtype), st.feats[:b, 0])
     st.n_prev[:b] = torch.where(riding, 0, st.n_prev[:b])
+
+
+@torch.inference_mode()
+def measure_costs(engine, ladder: tuple[int, ...]) -> dict[tuple[int, int], tuple[float, float]]:
+    """(bucket, width) -> (carrying round ms, separate prefill ms) on CUDA, at warm-up with no row in use
+    (every write lands in scratch slots): the captured carrying round of the engine's own round, and the
+    eager prefill (target and drafter) of ``bucket`` rows at ``width`` tokens, the separate prefill's shape
+    when the rows are full (``Engine._prefill``: every row up to the highest in use)."""
+    from .step_curve import measure
+
+    costs = {}
+    for b in ladder:
+        for w in rider_widths(engine.options.prompt_admission, engine.target_runner.scratch):
+            carry_ms = measure(lambda b=b, w=w: engine.carrying.replay((None, b, w), [], []))
+            prefill_ms = measure(lambda b=b, w=w: engine._prefill_probe(b, w), reps=5)
+            costs[(b, w)] = (carry_ms, prefill_ms)
+    return costs
 
 
 class CarryingGraphs:

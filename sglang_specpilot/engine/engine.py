@@ -172,6 +172,7 @@ class Engine:
         self.warmup_s: float | None = None
         # Prompt admission's carrying rounds, captured per (kind, bucket, width) where rounds are captured.
         self.carrying = None
+        self.admission_costs: dict[tuple[int, int], tuple[float, float]] = {}  # measured at warm-up (CUDA)
         if options.prompt_admission and self.captured is not None:
             from .admission import CarryingGraphs
 
@@ -260,6 +261,11 @@ class Engine:
                 cap.capture(b, bs)
             if self.carrying is not None:
                 self._warm_carrying(b, bs)
+        if self.carrying is not None:
+            from .admission import measure_costs
+
+            say("warm-up: timing carrying rounds against separate prefills (prompt admission)")
+            self.admission_costs = measure_costs(self, ladder)
         if self.policy is not None and self.policy.auto_off is not None and self.policy.auto_off.curve is None:
             say("warm-up: timing the AR and speculative rounds per batch bucket (automatic off's step curve)")
             self.policy.auto_off.curve = self._measure_curve(ladder)
@@ -297,14 +303,20 @@ class Engine:
             if runner is None:
                 continue
             for b in batches if batches is not None else range(1, max(ladder) + 1):
-                seq = torch.full((b,), self.options.max_seq_len, device=self.device)
                 for w in widths:
-                    toks = torch.zeros(b, w, dtype=torch.long, device=self.device)
-                    rows = torch.zeros(b, 1, dtype=torch.long, device=self.device)
-                    extra = self._prefill_extra(runner, b, w)
-                    runner.step(
-                        toks, seq, *causal_tree(w, self.device), max_len_hint=0, logit_rows=rows, eager=True, **extra
-                    )
+                    self._prefill_probe(b, w, (runner,))
+
+    def _prefill_probe(self, b: int, w: int, runners=None) -> None:
+        # One eager prefill chunk of b rows and w tokens through each runner, written into the scratch slots
+        # past max_seq (no row's): warm-up and the admission's cost measurement.
+        seq = torch.full((b,), self.options.max_seq_len, device=self.device)
+        toks = torch.zeros(b, w, dtype=torch.long, device=self.device)
+        rows = torch.zeros(b, 1, dtype=torch.long, device=self.device)
+        for runner in runners or (self.target_runner, self.draft_runner):
+            if runner is None:
+                continue
+            extra = self._prefill_extra(runner, b, w)
+            runner.step(toks, seq, *causal_tree(w, self.device), max_len_hint=0, logit_rows=rows, eager=True, **extra)
 
     def _prefill_extra(self, runner: ModelRunner, b: int, w: int) -> dict:
         # What an eager prefill step of an EAGLE-3 setup passes: the target returns its features, the

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path
+from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path, rider_width
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
 
@@ -180,8 +180,11 @@ class RowBatch:
         running = sum(r is not None and id(r) not in new for r in self.rows)
         room = self.admission - sum(len(r.prompt) for r in self._riders)
         rest = []
+        costs = getattr(self.engine, "admission_costs", {})
+        b = self._bucket(self._hi()) if costs else 0
         for req in placed:
-            path = admission_path(len(req.prompt), running, room, self.admission, RIDER_SLOTS - len(self._riders))
+            cost = costs.get((b, rider_width(len(req.prompt), self.engine.target_runner.scratch)))
+            path = admission_path(len(req.prompt), running, room, self.admission, RIDER_SLOTS - len(self._riders), cost)
             self.admissions[path] = self.admissions.get(path, 0) + 1
             if path != RIDE:
                 rest.append(req)

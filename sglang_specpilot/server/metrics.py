@@ -177,7 +177,8 @@ class Metrics:
                 "counter",
                 "Prompt admission: prompts by prefill path (verify: rode in a round's verify pass; idle: no row "
                 "was running; long: over the round's token allowance; full: the allowance was taken by earlier "
-                "prompts; fallback: the carrying round failed, prefilled apart).",
+                "prompts; slower: the carrying round was measured slower than the separate prefill; fallback: "
+                "the carrying round failed, prefilled apart).",
                 [({"path": k}, v) for k, v in sorted(self.admissions.items())] or [({"path": "verify"}, 0)],
             ))  # fmt: skip
         if self.colocate is not None:

@@ -258,6 +258,8 @@ class _Run:
                 "case": "engine", "system": system, "warmup_s": time.perf_counter() - t0,
                 "options": {k: v for k, v in self.options(system).items() if k != "device"},
                 "step_curve_ms": curve.as_dict() if curve is not None else None,
+                # (bucket, width) -> (carrying round ms, separate prefill ms): where prompts may ride
+                "admission_costs_ms": {f"{b}x{w}": c for (b, w), c in getattr(eng, "admission_costs", {}).items()},
             })  # fmt: skip
             self.engines[system] = eng
         return self.engines[system]
