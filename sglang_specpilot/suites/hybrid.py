@@ -45,6 +45,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=20)
     p.add_argument("--inner", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sweep", action="store_true", help="also time the TreeWY kernel's launch shapes (CUDA)")
 
 
 def tree_parents(nodes: int, depth: int, seed: int) -> list[int]:
@@ -263,5 +264,48 @@ def hybrid(args: argparse.Namespace) -> dict:
             "samples": pt.rows(),
         }
     )
+    if args.sweep and (cuda or wy_impl == "triton"):  # on the CPU: the interpreter's bookkeeping run
+        _sweep(mix_in, anc_t, levels, args, out)
     out["metrics"]["suite_seconds"] = round(time.perf_counter() - t_start, 1)
     return out
+
+
+def _sweep(mix_in, anc, levels: int, args, out: dict) -> None:
+    """Time the kernel's launch shapes around ``pick_config``'s on one layer's inputs (graph replays,
+    interleaved); a shape that fails to build or launch, or strays over one bf16 ulp from the default's
+    output, is noted and left out. Rows only, and the best's time as a metric: the table stays by hand."""
+    from ..harness.graphs import graph_replay
+    from ..harness.timing import paired_timing
+    from ..kernels.gdn_tree_wy import _launch, _num_sms, bf16_ulps_at_scale, pick_config
+
+    q, k, v, g, beta, S0 = mix_in
+    B, T, H, dk = q.shape
+    base = pick_config(B, H, T, dk, v.shape[-1], levels, _num_sms(q.device))
+    shapes = {base}
+    for bv in (16, 32, 64):
+        for chunk in (16, 32):
+            for warps in (4, 8):
+                shapes.add(base._replace(block_v=bv, chunk_k=chunk, num_warps=warps))
+    shapes |= {base._replace(num_stages=1), base._replace(num_stages=3)}
+    ref = _launch(q, k, v, g, beta, S0, anc, base)[0]
+    fns, notes = {}, []
+    for cfg in sorted(shapes):
+        name = f"bv{cfg.block_v}_k{cfg.chunk_k}_w{cfg.num_warps}_s{cfg.num_stages}"
+        try:
+            o = _launch(q, k, v, g, beta, S0, anc, cfg)[0]
+            err = float(bf16_ulps_at_scale(o, ref).max())
+            if err > 1:
+                notes.append({"config": name, "skipped": f"{err:.2f} ulps from the default's output"})
+                continue
+            fn = lambda c=cfg: _launch(q, k, v, g, beta, S0, anc, c)  # noqa: E731
+            fns[name] = graph_replay(fn) if q.is_cuda else fn
+        except Exception as e:  # a shape the GPU cannot build or launch (registers, shared memory)
+            notes.append({"config": name, "skipped": f"{type(e).__name__}: {e}"[:200]})
+    with torch.inference_mode():
+        inner = max(10, args.inner) if q.is_cuda else args.inner  # a kernel of ~10 us: 10 calls a sample
+        pt = paired_timing(fns, blocks=args.blocks, inner=inner, device=q.device if q.is_cuda else "cpu")
+    us = {n: round(pt.median(n) * 1e6, 2) for n in fns}
+    best = min(us, key=us.get)
+    default = f"bv{base.block_v}_k{base.chunk_k}_w{base.num_warps}_s{base.num_stages}"
+    out["rows"].append({"case": "sweep.mix_wy_tree", "median_us": us, "default": default, "best": best, "notes": notes})
+    out["metrics"]["mix_wy_tree_best_of_sweep_ms"] = round(us[best] / 1e3, 4)
