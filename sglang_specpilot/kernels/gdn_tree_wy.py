@@ -49,8 +49,9 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ..models.gdn_ops import tree_wy
 
-# The largest block the kernel takes: the verify tree (budget + 1 nodes) padded to a power of two. 64 nodes
-# keep the [T, T] products and the [T, d_k] q / k tiles within one program's registers at d_k = 128.
+# The largest block the kernel takes: the verify tree (budget + 1 nodes) padded to a power of two. At 64
+# nodes the [T, T] work already fills one program's registers (the notes below); larger trees take the
+# PyTorch form.
 MAX_NODES = 64
 MAX_HEAD_DIM = 128
 # Used when the device is not a GPU (the interpreter): the SM count of an H100/H200.
