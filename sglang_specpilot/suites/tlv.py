@@ -317,7 +317,11 @@ class _Run:
             sets = run.prompt_sets()
             timed = [p for v in sets.values() for p in v[: self.args.prompts_per_set]]
             t |= {"run": run, "sets": sets, "drafter": run.drafter, "engines": None}
-            t["warm"] = run.tune_prompts() or next(iter(sets.values()))
+            try:
+                t["warm"] = run.tune_prompts()
+            except (Exception, SystemExit) as e:  # HumanEval not installed: warm up on a timed prompt instead
+                self.error("warm prompts", e, target=target)
+            t["warm"] = t.get("warm") or next(iter(sets.values()))
             t["context"] = int(median([len(p) for p in timed])) + self.args.new_tokens // 2
         except (Exception, SystemExit) as e:  # an unknown target or drafter ends this target only
             self.error("load", e, target=target)
