@@ -62,6 +62,10 @@ def test_dry_run_on_cpu(folders, tmp_path):
     d = cells[("specpilot_batched", 4)]["decisions"]
     assert d["shared_rounds"] > 0 and sum(d["depths"].values()) > 0
     assert "| SpecPilot trees + batched mechanisms | 4 |" in doc["table"]
+    from sglang_specpilot.harness.report import render_file
+
+    md = render_file(path)  # `make results`: the metrics, then the suite's own table
+    assert "| batched_min_speedup_vs_ar |" in md and md.endswith(doc["table"])
     reqs = [r for r in doc["rows"] if r["case"] == "requests"]
     assert len(reqs) == 12 and all(len(r["requests"]) == max(r["concurrency"], 3) for r in reqs)
 

@@ -58,6 +58,7 @@ def format_metric(value: object) -> str:
 
 # Suites whose files get a table of their own below the metrics: suite -> "module:function(data) -> markdown".
 SUITE_TABLES = {
+    "batched": "sglang_specpilot.suites.batched_results:results_table",
     "e2e": "sglang_specpilot.suites.e2e_results:readme_table",
     "e2e_smollm2": "sglang_specpilot.suites.e2e_results:readme_table",
 }

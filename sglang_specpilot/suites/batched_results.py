@@ -92,6 +92,11 @@ def summarize(cell_list: list[dict], concurrency: list[int]) -> tuple[dict, list
     return m, incomplete
 
 
+def results_table(data: dict) -> str:
+    """A batched results file's table (``make results``, ``harness.report.SUITE_TABLES``)."""
+    return readme_table(data.get("cells", []))
+
+
 def readme_table(cell_list: list[dict]) -> str:
     """One line per system and N: total and per-request tokens/s, TTFT and inter-token latency."""
     lines = [
