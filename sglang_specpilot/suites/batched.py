@@ -291,6 +291,9 @@ class _Run:
         finally:
             sched.stop()
             eng.batch.drain()
+            for row, req in enumerate(eng.batch.rows):  # requests a timeout abandoned: not the next part's work
+                if req is not None:
+                    eng.batch.release(row)
         if system == "ar":
             ar_ids.update({r["prompt"]: r["token_ids"] for r in records if r["error"] is None})
         c = cell(system, n, records, wall, ar_ids if system != "ar" and ar_ids else None)
