@@ -27,7 +27,7 @@ from sglang_specpilot.kernels.gdn_tree_wy import (
     squarings_for,
     supported,
 )
-from sglang_specpilot.models.gdn_ops import l2norm, state_at
+from sglang_specpilot.models.gdn_ops import chunked, l2norm, recurrent, state_at
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_HERE = torch.cuda.is_available() or INTERPRETED
@@ -137,6 +137,18 @@ def test_kernel_shared_mask_strided_inputs_default_levels():
     anc = anc_of(tree_parents(T, 5, seed=3)).to(DEVICE)
     check_against_path(q, k, v, g, beta, S0, anc, T)
     check_against_path(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, S0, anc, 6)
+
+
+@kernel_case
+@pytest.mark.parametrize("T", [1, 64, 130])
+def test_kernel_chunked_prefill_equals_recurrent(T):
+    # Prefill's chunks through the kernel (a causal mask of up to 64 nodes, 64 levels: six squarings),
+    # the state carried between chunks, against T recurrent steps; weak decay so the chunk's whole past counts.
+    q, k, v, g, beta, S0 = inputs(2, T, 2, 24, 20, seed=T, decay=0.1)
+    o_ref, states = recurrent(q, k, v, g, beta, S0)
+    o, S = chunked(q, k, v, g, beta, S0, solve=gdn_tree_wy)
+    torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(S, states[:, -1], atol=ATOL, rtol=RTOL)
 
 
 @kernel_case

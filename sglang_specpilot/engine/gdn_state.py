@@ -31,7 +31,7 @@ import torch
 from ..models.config import ModelConfig
 from ..models.gdn import gdn_dims
 from ..models.gdn_ops import causal_conv, chunked
-from .gdn_verify import Tree, strategy
+from .gdn_verify import Tree, gdn_tree_wy, strategy
 
 
 def _windows(parent: torch.Tensor, K: int) -> torch.Tensor:
@@ -130,7 +130,8 @@ class PrefillStep:
         S0 = torch.where(self.fresh[:, None, None, None], 0, st.ssm[slot, :B])
         g = torch.where(self.real[..., None], g, 0)
         beta = torch.where(self.real[..., None], beta, 0)
-        o, S = chunked(q, k, v, g, beta, S0)
+        # Each chunk's causal solve is the TreeWY kernel where it runs (a chain is a tree), else PyTorch.
+        o, S = chunked(q, k, v, g, beta, S0, solve=gdn_tree_wy)
         st.ssm[slot, :B] = S
         return o
 

@@ -60,6 +60,7 @@ DEFAULT_NUM_SMS = 132
 #   T = 33 (64-row block), 8 warps, BV 32: d_k chunks of 16 / 32 / 64 / 128 -> 255 / 80, 120, 816, 2232;
 #     BV 64 -> 488 at chunks of 16; 16 warps (128 registers) -> 960 at chunks of 32; one stage -> 280
 #   T = 32 and 17 (32-row block), 4 warps, chunks of 16: 255 / 0 (BV 32 or 64); T = 7: 118 / 0
+#   a prefill chunk (T = 64, 64 levels: six squarings), 8 warps, BV 32, chunks of 16: 255 / 312
 # What spills at T = 64 is the [T, T] work after the loop (mask, decays, A, its powers, the inverse): the
 # same build with one squaring (levels <= 2) spills 8 bytes. Chunks of 16 it is, and BV <= 32 there.
 CHUNK_K = 16

@@ -89,16 +89,18 @@ def state_at(k, u, G, S0, anc_row):
     return Gt.exp()[..., None, None] * S0 + torch.einsum("bth,bthk,bthv->bhkv", w, k, u)
 
 
-def chunked(q, k, v, g, beta, S0, chunk: int = 64):
+def chunked(q, k, v, g, beta, S0, chunk: int = 64, solve=None):
     """Chunked prefill: ``tree_wy`` with a causal mask per chunk, the state carried between chunks.
-    Returns (o [B, T, H, d_v], S_T). Tokens to skip (padding) are given g = 0 and beta = 0: the identity."""
+    Returns (o [B, T, H, d_v], S_T). Tokens to skip (padding) are given g = 0 and beta = 0: the identity.
+    ``solve`` replaces ``tree_wy`` (same arguments and results): the engine passes the Triton kernel."""
+    solve = solve or tree_wy
     T = q.shape[1]
     outs, S = [], S0
     for c0 in range(0, T, chunk):
         sl = slice(c0, min(T, c0 + chunk))
         n = sl.stop - c0
         anc = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        o, u, G = tree_wy(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], S, anc)
+        o, u, G = solve(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], S, anc)
         S = state_at(k[:, sl], u, G, S, anc[-1].expand(q.shape[0], n))
         outs.append(o)
     return torch.cat(outs, 1), S
