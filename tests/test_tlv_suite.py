@@ -91,3 +91,17 @@ def test_past_the_deadline_steps_are_skipped_and_listed(folders, tmp_path):
         run_suite("tlv", _argv(folders, tmp_path, "--targets", "smollm2", "--deadline-s", "0")).read_text()
     )
     assert [s["part"] for s in doc["skipped"]] == ["smollm2.load"] and doc["metrics"] == {}
+
+
+def test_a_failing_tlv_engine_is_recorded_and_the_replay_still_runs(folders, tmp_path, monkeypatch):
+    from sglang_specpilot.engine.tlv_round import TLVRound
+
+    def broken(self, *a, **k):
+        raise RuntimeError("Q pass broken")
+
+    monkeypatch.setattr(TLVRound, "q_pass", broken)
+    doc = json.loads(run_suite("tlv", _argv(folders, tmp_path, "--targets", "smollm2")).read_text())
+    assert [e["step"] for e in doc["errors"]] == ["engines", "timed", "steps"]
+    assert "Q pass broken" in doc["errors"][0]["error"] and "no tlv engine" in doc["errors"][1]["error"]
+    m = doc["metrics"]
+    assert "tlv_e2e_speedup_vs_trees_w12_bs1_smollm2" not in m and 0 < m["tlv_q_chain_agreement_smollm2"] <= 1

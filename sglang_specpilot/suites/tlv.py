@@ -41,6 +41,8 @@ import torch
 from ..harness.bench import register_suite
 from .e2e_results import geomean, median
 
+NEEDS = {"engines": (), "timed": ("trees_w12", "tlv"), "steps": ("trees_w12", "tlv"), "replay": ("trees_w12",)}
+
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--targets", default="llama-3.1-8b,smollm2", help="comma list: llama-3.1-8b, smollm2, tiny")
@@ -186,7 +188,9 @@ class _Run:
         run.say = self.say
         return run
 
-    def engines(self, run) -> dict:
+    def engines(self, run, engines: dict) -> None:
+        """Build, capture and warm both engines into ``engines``, trees + W12 first: if TLV's setup fails,
+        the replay (which needs only the trees engine's greedy text) still runs."""
         from ..config import EngineOptions
         from ..engine import Engine
 
@@ -194,7 +198,6 @@ class _Run:
         a = self.args
         base = {**run.base_options(), "weights": "w12", "tree_budget": n, "tree_depth": d, "tree_top_k": k}
         tlv = dict(tlv=True, tlv_chain_len=a.chain_len, tlv_hang_budget=self.hang, tlv_root_budget=a.root_budget)
-        engines = {}
         for name, opts in (("trees_w12", base), ("tlv", {**base, **tlv})):
             t0 = time.perf_counter()
             eng = Engine(run.target_w12, run.tok, EngineOptions(**opts), run.drafter)
@@ -203,7 +206,6 @@ class _Run:
             engines[name] = eng
             self.rows.append({"case": "setup", "system": name, "seconds": time.perf_counter() - t0})
             self.say(f"{name}: captured and warmed in {time.perf_counter() - t0:.1f} s")
-        return engines
 
     def timed(self, run, engines: dict, sets: dict) -> dict:
         a, names = self.args, list(engines)
@@ -316,7 +318,7 @@ class _Run:
             self.out["targets"][target]["model"] = run.out["model"]
             sets = run.prompt_sets()
             timed = [p for v in sets.values() for p in v[: self.args.prompts_per_set]]
-            t |= {"run": run, "sets": sets, "drafter": run.drafter, "engines": None}
+            t |= {"run": run, "sets": sets, "drafter": run.drafter, "engines": {}}
             try:
                 t["warm"] = run.tune_prompts()
             except (Exception, SystemExit) as e:  # HumanEval not installed: warm up on a timed prompt instead
@@ -337,10 +339,11 @@ class _Run:
             return
         try:
             run, engines = t["run"], t["engines"]
+            missing = [e for e in NEEDS[step] if e not in engines]
+            if missing:
+                raise RuntimeError(f"no {' / '.join(missing)} engine (its setup failed or was skipped)")
             if step == "engines":
-                t["engines"] = self.engines(run)
-            elif engines is None:
-                raise RuntimeError("no engines (their setup failed or was skipped)")
+                self.engines(run, engines)
             elif step == "timed":
                 self.timed_metrics(self.timed(run, engines, t["sets"]))
             elif step == "steps":
