@@ -73,7 +73,7 @@ HEADLINES: tuple[Headline, ...] = (
     ),
     Headline(
         "rounds_h200.json",
-        "SmolLM2-135M + the shipped drafter",
+        "SmolLM2-135M + the previous EAGLE-3 drafter (2.1k prompts)",
         "1",
         "best-first tree (32 nodes) vs AR, same run",
         lambda m: _tokens_vs(
