@@ -146,8 +146,9 @@ def test_version_description_help_defaults_and_per_command_flags(capsys):
     for action in subs["generate"]._actions + subs["serve"]._actions:
         assert action.help, action.option_strings  # every flag explains itself
     flags = {name: {o for a in subs[name]._actions for o in a.option_strings} for name in ("tau", "train-drafter")}
-    assert not {"--mode", "--weights", "--tree-budget", "--gamma", "--ngram"} & flags["tau"]
-    assert {"--draft", "--prompts", "--model"} <= flags["tau"]
+    assert not {"--mode", "--tree-budget", "--gamma", "--ngram"} & flags["tau"]
+    # --weights belongs to tau since it replays TLV, whose Q pass reads W12's 8-bit view (--weights w12 --tlv)
+    assert {"--draft", "--prompts", "--model", "--weights", "--tlv"} <= flags["tau"]
     assert not {"--draft", "--tree-budget", "--mode"} & flags["train-drafter"]
 
 
