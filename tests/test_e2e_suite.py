@@ -209,13 +209,14 @@ def test_dry_run_on_cpu(folders, tmp_path):
     m = doc["metrics"]
     for name in ("e2e_speedup_vs_ar_bs1", "e2e_speedup_vs_stock_bs1", "e2e_speedup_vs_ar_bs2", "costmodel_error_max"):
         assert name in m and m[name] > 0, name
-    assert {f"forcing_accepted_{s}" for s in ("ar", "stock", "trees", "w12")} <= set(m)
-    assert m["forcing_accepted_ar"] == 1 and m["tlv_built"] == 0
+    assert {f"forcing_accepted_{s}" for s in ("ar", "stock", "trees", "w12", "tlv")} <= set(m)
+    assert m["forcing_accepted_ar"] == 1 and m["tlv_built"] == 1
+    assert m["e2e_best_is_w12_bs1"] + m["e2e_best_is_tlv_bs1"] <= 1  # which system the headline speedups are
     cells = [r for r in doc["table"] if "status" not in r]
     assert {(c["system"], c["batch"]) for c in cells} == {
-        (s, b) for s in ("ar", "stock", "trees", "w12") for b in (1, 2)
+        (s, b) for s in ("ar", "stock", "trees", "w12", "tlv") for b in (1, 2)
     }
-    assert any(r.get("status", "").startswith("not built") for r in doc["table"] if r["system"] == "tlv")
+    assert len(cells) == len(doc["table"])  # every system ran: none is listed as not built
     rows = [r for r in doc["rows"] if r["case"] == "system"]
     for r in rows:  # raw timings behind every cell: one entry per timed batch, one per row inside it
         assert len(r["wall_s"]) == len(r["decode_s"]) == len(r["tokens"]) == 2 // r["batch"]
@@ -225,6 +226,7 @@ def test_dry_run_on_cpu(folders, tmp_path):
     sel = doc["selection"]
     assert set(sel) == {"1", "2"} and sel["1"]["stock"].startswith("chain") and sel["1"]["trees"].startswith("tree")
     assert sel["1"]["w12"] == sel["1"]["trees"] and sel["2"]["w12"] == sel["2"]["trees"]
+    assert sel["1"]["tlv"] == sel["1"]["trees"] + " + TLV L=4"  # the trees' config with a Q chain
     tune = next(r for r in doc["rows"] if r["case"] == "tune.bs1")
     assert len(tune["chain"]) == 2 and tune["tree"] and all("label" in t for t in tune["tree"])
     assert {r["case"] for r in doc["rows"]} >= {"ar_step", "round_times", "forcing", "w12_twin", "tune.bs2"}

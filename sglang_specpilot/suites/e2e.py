@@ -18,7 +18,8 @@ first), greedy, chat template, ``--new-tokens`` (128) tokens with EOS ignored (e
   stock   chain speculative decoding with the drafter, the best gamma of ``--gammas`` (3-8)
   trees   SpecPilot best-first trees, the best (N, D, K) of ``--tree-grid``
   w12     trees with W12 weights on the target (a W12 twin of the BF16 model, built on the device)
-  tlv     two-level verification: not built yet, reported as such
+  tlv     trees + W12 with two-level verification (a Q chain of --tlv-chain-len tokens from W12's 8-bit
+          view, the drafter's tree hanging from its end, one exact pass over both)
 
 Choosing gamma and (N, D, K) (never on the timed prompts; never on MT-Bench, an evaluation set): at batch
 1 each candidate generates ``--tune-prompts`` (HumanEval/132-133 and two held-out general chat prompts, disjoint from
@@ -79,8 +80,11 @@ from .e2e_configs import (
     run_order,
     tree,
     tree_search,
+    with_tlv,
 )
 from .e2e_results import cell_stats, cost_model, median, merge_reports, readme_table, summarize
+
+W12_SYSTEMS = ("w12", "tlv")  # systems whose target is the W12 twin (TLV's Q pass reads its 8-bit view)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -97,7 +101,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts-per-set", type=int, default=8, help="timed prompts per set (at batch B > this: B)")
     p.add_argument("--batches", default="1,4,16", help="batch sizes (distinct prompts per batch)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
-    p.add_argument("--skip-w12", action="store_true", help="leave out the W12 system (no W12 twin is built)")
+    p.add_argument("--skip-w12", action="store_true", help="leave out the W12 and TLV systems (no W12 twin is built)")
+    p.add_argument("--tlv-chain-len", type=int, default=4, help="TLV: Q-chain tokens (the engine's default)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--gammas", default="3-8", help="stock chain lengths to choose from")
     # Depths 3 and 4 too: in the first H200 sweep (c963b6b) the shortest chain won (gamma 3: 308 tokens/s
@@ -170,8 +175,8 @@ class _Run:
         unknown = set(systems) - set(SYSTEMS)
         if unknown:
             raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
-        if args.skip_w12 and "w12" in systems:
-            systems.remove("w12")
+        if args.skip_w12:
+            systems = [s for s in systems if s not in W12_SYSTEMS]
         self.systems = ["ar"] + [s for s in SYSTEMS[1:] if s in systems]  # AR is the reference: always run
         self.engines: dict[tuple, object] = {}
         self.ar_ms: dict[int, float] = {}
@@ -402,7 +407,9 @@ class _Run:
         key = (w12, config_key(cfg))
         if key not in self.engines:
             target = self.target_w12 if w12 else self.target
-            opts = EngineOptions(**self.base_options(), **config_options(cfg))
+            # weights="w12" says what the W12 twin is (TLV checks it: its Q pass reads the 8-bit view)
+            w = {"weights": "w12"} if w12 else {}
+            opts = EngineOptions(**self.base_options(), **config_options(cfg), **w)
             drafter = None if cfg["kind"] == "ar" else self.drafter
             self.engines[key] = Engine(target, self.tok, opts, drafter)
         return self.engines[key]
@@ -521,6 +528,7 @@ class _Run:
             pick1["stock"] = b_chain["config"]
         if b_tree:
             pick1["trees"] = pick1["w12"] = b_tree["config"]
+            pick1["tlv"] = with_tlv(b_tree["config"], a.tlv_chain_len)
         self.selected[1] = pick1
         self.say(f"batch 1: {_picks(pick1)}")
         keep = {(False, config_key(r["config"])) for r in chain_records}  # all gammas stay candidates
@@ -561,6 +569,7 @@ class _Run:
                     pick[system] = max(scored, key=lambda x: x[0])[1]
             if "trees" in pick:
                 pick["w12"] = pick["trees"]
+                pick["tlv"] = with_tlv(pick["trees"], a.tlv_chain_len)
             self.selected[b] = pick
             self.out["rows"].append({"case": f"tune.bs{b}", "by_cost_model": rows})
             self.say(f"batch {b}: {_picks(pick)}")
@@ -583,7 +592,7 @@ class _Run:
         cfg = self.selected.get(b, {}).get(system) or self.selected[1].get(system)
         if cfg is None:
             return None, None
-        return self.engine(cfg, w12=system == "w12"), cfg
+        return self.engine(cfg, w12=system in W12_SYSTEMS), cfg
 
     def timed_batch(self, b: int, sets: dict[str, list[list[int]]], tune_ids: list[list[int]], context: int) -> None:
         from ..harness.token_forcing import compare_forcing
@@ -746,7 +755,7 @@ class _Run:
             overall[system] = v.to_dict()
         self.out["forcing_all_batches"] = overall
         self.out["metrics"] = summarize(self.cells, self.verdicts)
-        self.out["metrics"]["tlv_built"] = 0
+        self.out["metrics"]["tlv_built"] = int(any(c["system"] == "tlv" for c in self.cells))
         compiles = [r["graphs"] for r in self.out["rows"] if r.get("case") == "compiles_while_timed"]
         if compiles:
             self.out["metrics"]["e2e_compiles_while_timed"] = sum(compiles)
@@ -804,16 +813,17 @@ class _Run:
             except Exception as e:  # systems without a selected config fail at their setup, reported
                 self.error("tune", e)
             self.write("tune")
-        if "w12" in self.systems:
+        if any(s in self.systems for s in W12_SYSTEMS):
             if a.dtype not in ("bfloat16", "bf16"):
-                self.out["skipped"].append({"part": "w12", "reason": f"W12 needs bfloat16 (dtype {a.dtype})"})
-                self.systems.remove("w12")
+                for s in [s for s in self.systems if s in W12_SYSTEMS]:
+                    self.out["skipped"].append({"part": s, "reason": f"W12 needs bfloat16 (dtype {a.dtype})"})
+                self.systems = [s for s in self.systems if s not in W12_SYSTEMS]
             else:
                 try:
                     self.build_w12()
                 except Exception as e:
                     self.error("w12", e)
-                    self.systems.remove("w12")
+                    self.systems = [s for s in self.systems if s not in W12_SYSTEMS]
         for b in run_order(self.batches):
             if self.past_deadline(f"bs{b}"):
                 continue

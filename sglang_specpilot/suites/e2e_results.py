@@ -89,6 +89,7 @@ def summarize(cells: list[dict], verdicts: dict) -> dict:
             top = max(ours, key=ours.get)
             m[f"e2e_speedup_vs_ar_bs{b}"] = round(ours[top], 3)
             m[f"e2e_best_is_w12_bs{b}"] = int(top == "w12")
+            m[f"e2e_best_is_tlv_bs{b}"] = int(top == "tlv")  # metrics stay numbers: which system is best
             if "stock" in speed:
                 m[f"e2e_speedup_vs_stock_bs{b}"] = round(ours[top] / speed["stock"], 3)
     errs = [c["costmodel_error"] for c in cells if c.get("costmodel_error") is not None]
