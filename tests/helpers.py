@@ -30,6 +30,27 @@ def tiny_model(name: str = "tiny-llama", seed: int = 0, std: float = 0.15, dtype
     return build_model(cfg, synthetic_seed=seed, synthetic_std=std, dtype=dtype, max_positions=1024)
 
 
+def stand_in_folders(root, vocab: int, perturb: float = 0.0):
+    """A tiny target (a safetensors folder with a synthetic tokenizer) at ``root / "target"`` and an
+    EAGLE-3 drafter folder for it at ``root / "draft"``, as the stand-in suites load them; ``perturb``
+    adds that much noise to the drafter's own weights (an untrained one drafts the same token every step)."""
+    from sglang_specpilot.drafters.eagle3 import init_eagle3, save_eagle3
+    from sglang_specpilot.models.safetensors_loader import save_safetensors_folder
+    from sglang_specpilot.models.tokenizer import Tokenizer
+
+    target = tiny_model("tiny-llama", vocab_size=vocab, rope_scaling=None)
+    save_safetensors_folder(root / "target", target.cfg, target.hf_state_dict(), Tokenizer.synthetic(vocab))
+    torch.manual_seed(0)
+    draft = init_eagle3(target, d2t=torch.tensor([0, 2, 3, 5, 7, 8, 11]))
+    if perturb:
+        with torch.no_grad():
+            for name, p in draft.named_parameters():
+                if not name.startswith("embed."):
+                    p.add_(torch.randn_like(p) * perturb)
+    save_eagle3(draft, root / "draft")
+    return root
+
+
 def engine(target, draft=None, gamma: int = 4, max_batch: int = 8, max_seq: int = 256, device: str = "cpu") -> Engine:
     opts = EngineOptions(
         max_seq_len=max_seq,

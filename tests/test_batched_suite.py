@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from helpers import tiny_model
+from helpers import stand_in_folders
 
 from sglang_specpilot.harness.bench import run_suite
 from sglang_specpilot.suites.batched_results import cell, summarize
@@ -18,17 +17,8 @@ V = 12
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from sglang_specpilot.drafters.eagle3 import init_eagle3, save_eagle3
-    from sglang_specpilot.models.safetensors_loader import save_safetensors_folder
-    from sglang_specpilot.models.tokenizer import Tokenizer
-
-    root = tmp_path_factory.mktemp("batched")
-    target = tiny_model("tiny-llama", vocab_size=V, rope_scaling=None)
-    save_safetensors_folder(root / "target", target.cfg, target.hf_state_dict(), Tokenizer.synthetic(V))
-    torch.manual_seed(0)
-    draft = init_eagle3(target, d2t=torch.tensor([0, 2, 3, 5, 7, 8, 11]))
-    save_eagle3(draft, root / "draft")
-    return root
+    """A tiny target (a safetensors folder with a synthetic tokenizer) and an EAGLE-3 drafter folder."""
+    return stand_in_folders(tmp_path_factory.mktemp("batched"), V)
 
 
 def _argv(folders, out, *extra):

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import stand_in_folders, tiny_model
 
 from sglang_specpilot.harness.bench import run_suite
 from sglang_specpilot.harness.token_forcing import token_forcing
@@ -172,21 +172,7 @@ def test_w12_twin_shares_all_but_the_projections():
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """A tiny target (a safetensors folder with a synthetic tokenizer) and an EAGLE-3 drafter folder."""
-    from sglang_specpilot.drafters.eagle3 import init_eagle3, save_eagle3
-    from sglang_specpilot.models.safetensors_loader import save_safetensors_folder
-    from sglang_specpilot.models.tokenizer import Tokenizer
-
-    root = tmp_path_factory.mktemp("e2e")
-    target = tiny_model("tiny-llama", vocab_size=V, rope_scaling=None)
-    save_safetensors_folder(root / "target", target.cfg, target.hf_state_dict(), Tokenizer.synthetic(V))
-    torch.manual_seed(0)
-    draft = init_eagle3(target, d2t=torch.tensor([0, 2, 3, 5, 7, 8, 11]))
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if not name.startswith("embed."):
-                p.add_(torch.randn_like(p) * 0.2)
-    save_eagle3(draft, root / "draft")
-    return root
+    return stand_in_folders(tmp_path_factory.mktemp("e2e"), V, perturb=0.2)
 
 
 def _argv(folders, out, *extra):

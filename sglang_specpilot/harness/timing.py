@@ -234,3 +234,16 @@ def cuda_times_ms(fn, iters: int, warmup: int = 3) -> list[float]:
         b.synchronize()
         out.append(a.elapsed_time(b))
     return out
+
+
+def times_ms(fn, iters: int, cuda: bool) -> list[float]:
+    """Per-call milliseconds of ``fn``: by CUDA events on the GPU (``cuda_times_ms``), by the wall clock
+    otherwise (the suites' CPU dry runs, where only the bookkeeping counts)."""
+    if cuda:
+        return cuda_times_ms(fn, iters)
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -41,7 +40,9 @@ import torch
 from ..harness.bench import register_suite
 from .batched_clients import run_clients
 from .batched_results import LABELS, SYSTEMS, cell, readme_table, summarize
+from .common import Progress
 from .e2e_configs import parse_ints
+from .stand_in import add_model_args
 
 PRIORITY = (1, 16, 64)  # the issue's metrics read these first: N = 1 (vs AR), 16 (TTFT), 64 (the far end)
 
@@ -62,12 +63,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-depths", default="3,4", help="specpilot_batched: shallower depths a batch may run")
     p.add_argument("--shared-budget", type=int, default=256, help="specpilot_batched: verify nodes per round")
     p.add_argument("--prompt-admission", type=int, default=256, help="specpilot_batched: prompt tokens per round")
-    p.add_argument("--max-seq-len", type=int, default=1024)
-    p.add_argument("--device", default="cuda", help="cuda; cpu runs the bookkeeping on tiny models (dry run)")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--lift-layers", type=int, default=None, help="cut the lift shape to this many layers (dry runs)")
-    p.add_argument("--no-compile", action="store_true", help="engines without torch.compile")
-    p.add_argument("--seed", type=int, default=0, help="seed of the lift's random entries")
+    add_model_args(p)
     p.add_argument("--deadline-s", type=float, default=480.0, help="seconds after which no new part starts")
     p.add_argument("--part-timeout-s", type=float, default=120.0, help="seconds one (system, N) part may take")
     p.add_argument(
@@ -81,8 +77,7 @@ class _Run:
         from ..harness.bench import default_run_dir, gpu_name, gpu_slug
 
         self.args = args
-        self.t0 = time.perf_counter()
-        self.lines: list[str] = []
+        self.say = Progress("batched")
         self.dev = torch.device(args.device)
         if args.results_dir is None:  # the partial files and the runner's final file share one folder
             args.results_dir = default_run_dir("batched")
@@ -98,11 +93,6 @@ class _Run:
         self.carried: list[dict] = []
 
     # ---- bookkeeping -------------------------------------------------------------------------------
-    def say(self, msg: str) -> None:
-        line = f"[batched {time.perf_counter() - self.t0:7.1f}s] {msg}"
-        self.lines.append(line)
-        print(line, file=sys.stderr, flush=True)
-
     def error(self, stage: str, e: BaseException, **where) -> None:
         tb = traceback.format_exc(limit=6).splitlines()[-12:]
         self.out["errors"].append({"stage": stage, **where, "error": f"{type(e).__name__}: {e}", "traceback": tb})
@@ -118,14 +108,11 @@ class _Run:
         try:
             self.finish()
             record = {"suite": "batched", **provenance(device=self.dev), "partial": part, **self.out}
-            record["log"] = self.lines
+            record["log"] = self.say.lines
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(to_jsonable(record), indent=1) + "\n")
         except Exception as e:  # a partial file is a convenience; never let it end the run
             self.say(f"could not write the partial results: {e}")
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
 
     # ---- models, prompts, engines ------------------------------------------------------------------
     def options(self, system: str) -> dict:
@@ -158,56 +145,20 @@ class _Run:
 
     def load(self) -> None:
         from ..config import EngineOptions
-        from ..drafters import default_drafter_path
-        from ..drafters.eagle3 import is_eagle3, load_eagle3
         from ..engine.engine import scratch_slots
-        from ..models.lift import SHAPES, lift_model, load_small
-        from ..models.lift_eagle3 import lift_eagle3
+        from .stand_in import load_stand_in
 
         a = self.args
-        draft = a.draft or str(default_drafter_path())
-        if not is_eagle3(draft):
-            raise SystemExit(f"--draft {draft!r} is not an EAGLE-3 drafter folder")
         widest = [EngineOptions(max_seq_len=a.max_seq_len)]
         for s in self.systems:
             try:
                 widest.append(EngineOptions(**self.options(s)))
             except ValueError:  # options that cannot run fail in their own parts, recorded there
                 pass
-        n_pos = a.max_seq_len + max(scratch_slots(o) for o in widest)
-        dtype = getattr(torch, a.dtype)
-        t0 = time.perf_counter()
-        if a.target == "smollm2":
-            from ..models.build import build_model
-            from ..models.loader import default_model_path, load_model_files
-
-            cfg, sd, tok = load_model_files(a.model or default_model_path())
-            self.target = build_model(cfg, device=self.dev, dtype=dtype, state_dict=sd, max_positions=n_pos)
-            self.drafter = load_eagle3(draft, self.target)
-            self.real_vocab, lifted = cfg.vocab_size, False
-        else:
-            if a.target not in SHAPES:
-                raise SystemExit(f"--target {a.target!r}: use smollm2 or a lift shape ({', '.join(SHAPES)})")
-            shape = a.target if a.lift_layers is None else {**SHAPES[a.target], "num_layers": a.lift_layers}
-            small, tok = load_small(a.model, max_positions=1)
-            small_draft = load_eagle3(draft, small)
-            self.real_vocab, lifted = small.cfg.vocab_size, True
-            self.target = lift_model(small, shape, a.seed, device=self.dev, dtype=dtype, max_positions=n_pos)
-            self.drafter = lift_eagle3(small_draft, self.target, shape, a.seed + 1, dtype=dtype)
-            del small, small_draft
-            gc.collect()
-        self.tok = tok
-        self.out["model"] = {
-            "label": self.target.cfg.name,
-            "target": a.target,
-            "lifted": lifted,
-            "source": a.model or "embedded SmolLM2-135M-Instruct",
-            "draft": draft,
-            "params_b": round(self.target.cfg.num_params() / 1e9, 3),
-            "dtype": a.dtype,
-            "build_s": round(time.perf_counter() - t0, 2),
-        }
-        self.say(f"model: {self.out['model']['label']} ({self.out['model']['params_b']} B)")
+        m = load_stand_in(a, self.dev, a.max_seq_len + max(scratch_slots(o) for o in widest))
+        self.target, self.drafter, self.tok, self.real_vocab = m.target, m.drafter, m.tok, m.real_vocab
+        self.out["model"] = m.info
+        self.say(f"model: {m.info['label']} ({m.info['params_b']} B)")
 
     def prompts(self) -> list[list[int]]:
         """The sets' prompts interleaved (humaneval, mtbench, humaneval, ...), as token ids."""
@@ -335,7 +286,7 @@ class _Run:
         self.write("model")
         ar_ids: dict[int, list[int]] = {}
         for system, n in self.plan():
-            if self.elapsed() > a.deadline_s:
+            if self.say.elapsed() > a.deadline_s:
                 self.out["skipped"].append({"part": f"{system} N={n}", "reason": f"past --deadline-s {a.deadline_s}"})
                 continue
             try:
@@ -344,7 +295,7 @@ class _Run:
                 self.error("part", e, system=system, concurrency=n)
             self.write(f"{system} N={n}")
         self.finish()
-        self.out["log"] = self.lines
+        self.out["log"] = self.say.lines
         self.say(f"done: {self.out['metrics']}")
         return self.out
 

@@ -1,12 +1,31 @@
-"""Pieces several suites share: prompts, CUDA-event timing of a callable, state for step timing."""
+"""Pieces several suites share: prompts, progress lines, CUDA-event timing of a callable, state for step timing."""
 
 from __future__ import annotations
 
 import statistics
+import sys
+import time
 
 import torch
 
 from ..harness.timing import cuda_times_ms  # noqa: F401  (the suites' CUDA-event timer)
+
+
+class Progress:
+    """A suite's progress lines on stderr, ``[tag elapsed] msg``, kept for the results file's log."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+        self.t0 = time.perf_counter()
+        self.lines: list[str] = []
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def __call__(self, msg: str) -> None:
+        line = f"[{self.tag} {self.elapsed():7.1f}s] {msg}"
+        self.lines.append(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def humaneval_prompts(indices) -> list[str]:

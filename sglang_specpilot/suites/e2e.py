@@ -66,6 +66,7 @@ from pathlib import Path
 import torch
 
 from ..harness.bench import register_suite
+from .common import Progress
 from .e2e_configs import (
     NOT_BUILT,
     SYSTEMS,
@@ -83,6 +84,7 @@ from .e2e_configs import (
     with_tlv,
 )
 from .e2e_results import cell_stats, cost_model, median, merge_reports, readme_table, summarize
+from .stand_in import add_model_args
 
 W12_SYSTEMS = ("w12", "tlv")  # systems whose target is the W12 twin (TLV's Q pass reads its 8-bit view)
 
@@ -124,29 +126,10 @@ def _args(p: argparse.ArgumentParser) -> None:
         "--deadline-s", type=float, default=420.0, help="seconds into the run after which no new part starts"
     )
     p.add_argument("--round-iters", type=int, default=20, help="replays per round timing")
-    p.add_argument("--max-seq-len", type=int, default=1024)
-    p.add_argument("--device", default="cuda", help="cuda; cpu runs the bookkeeping on tiny models (dry run)")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--lift-layers", type=int, default=None, help="cut the lift shape to this many layers (dry runs)")
-    p.add_argument("--no-compile", action="store_true", help="engines without torch.compile")
-    p.add_argument("--seed", type=int, default=0, help="seed of the lift's random entries")
+    add_model_args(p)
 
 
 # ---- the run ----------------------------------------------------------------------------------------
-
-
-class _Progress:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.lines: list[str] = []
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def __call__(self, msg: str) -> None:
-        line = f"[e2e {self.elapsed():7.1f}s] {msg}"
-        self.lines.append(line)
-        print(line, file=sys.stderr, flush=True)
 
 
 def _command(suite: str) -> str:
@@ -163,7 +146,7 @@ class _Run:
         from ..harness.bench import default_run_dir, gpu_name, gpu_slug
 
         self.args, self.suite = args, suite
-        self.say = _Progress()
+        self.say = Progress("e2e")
         self.dev = torch.device(args.device)
         self.cuda = self.dev.type == "cuda"
         if args.results_dir is None:  # the partial files and the runner's final file share one folder
@@ -221,16 +204,9 @@ class _Run:
         return True
 
     def times_ms(self, fn, iters: int) -> list[float]:
-        if self.cuda:
-            from .common import cuda_times_ms
+        from ..harness.timing import times_ms
 
-            return cuda_times_ms(fn, iters)
-        out = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
+        return times_ms(fn, iters, self.cuda)
 
     # ---- models ------------------------------------------------------------------------------------
     def n_positions(self) -> int:
@@ -249,64 +225,18 @@ class _Run:
         return self.args.max_seq_len + max(scratch_slots(o) for o in widest)
 
     def load(self) -> None:
-        from ..drafters import default_drafter_path
-        from ..drafters.eagle3 import is_eagle3, load_eagle3
-        from ..models.lift import SHAPES, lift_model, load_small
-        from ..models.lift_eagle3 import lift_eagle3
+        from .stand_in import load_stand_in
 
         a, say = self.args, self.say
-        draft = a.draft or str(default_drafter_path())
-        if not is_eagle3(draft):
-            raise SystemExit(
-                f"--draft {draft!r} is not an EAGLE-3 drafter folder (train one: specpilot train-drafter --kind eagle3)"
-            )
-        dtype = getattr(torch, a.dtype)
-        n_pos = self.n_positions()
-        t0 = time.perf_counter()
-        if a.target == "smollm2":
-            from ..models.build import build_model
-            from ..models.loader import default_model_path, load_model_files
-
-            cfg, sd, tok = load_model_files(a.model or default_model_path())
-            self.target = build_model(cfg, device=self.dev, dtype=dtype, state_dict=sd, max_positions=n_pos)
-            del sd
-            self.drafter = load_eagle3(draft, self.target)
-            self.real_vocab = cfg.vocab_size
-            lifted = False
-        else:
-            if a.target not in SHAPES:
-                raise SystemExit(f"--target {a.target!r}: use smollm2 or a lift shape ({', '.join(SHAPES)})")
-            # The shape's name (not a dict) names the lift in the model's label.
-            shape = a.target if a.lift_layers is None else {**SHAPES[a.target], "num_layers": a.lift_layers}
-            small, tok = load_small(a.model, max_positions=1)
-            small_draft = load_eagle3(draft, small)
-            self.real_vocab = small.cfg.vocab_size
-            say(f"loaded {small.cfg.name} and the drafter ({time.perf_counter() - t0:.1f} s); lifting to {a.target}")
-            self.target = lift_model(small, shape, a.seed, device=self.dev, dtype=dtype, max_positions=n_pos)
-            self.drafter = lift_eagle3(small_draft, self.target, shape, a.seed + 1, dtype=dtype)
-            del small, small_draft
-            gc.collect()
-            lifted = True
-        self.tok = tok
-        build_s = time.perf_counter() - t0
-        info = {
-            "label": self.target.cfg.name,
-            "target": a.target,
-            "lifted": lifted,
-            "source": a.model or "embedded SmolLM2-135M-Instruct",
-            "draft": draft,
-            "params_b": round(self.target.cfg.num_params() / 1e9, 3),
-            "drafter_params_m": round(
-                sum(p.numel() for n, p in self.drafter.named_parameters() if "embed" not in n) / 1e6, 1
-            ),
-            "feature_layers": list(self.drafter.feature_layers),
-            "draft_vocab": self.drafter.spec.draft_vocab,
-            "dtype": a.dtype,
-            "build_s": round(build_s, 2),
-        }
+        m = load_stand_in(a, self.dev, self.n_positions(), say)
+        self.target, self.drafter, self.tok, self.real_vocab = m.target, m.drafter, m.tok, m.real_vocab
+        info = m.info
         self.out["model"] = info
         self.out["new_tokens"] = a.new_tokens
-        say(f"model: {info['label']} ({info['params_b']} B), drafter {info['drafter_params_m']} M, {build_s:.1f} s")
+        say(
+            f"model: {info['label']} ({info['params_b']} B), drafter {info['drafter_params_m']} M, "
+            f"{info['build_s']:.1f} s"
+        )
 
     def build_w12(self) -> None:
         from ..models.w12_weights import w12_twin

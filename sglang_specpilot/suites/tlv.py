@@ -39,7 +39,9 @@ from pathlib import Path
 import torch
 
 from ..harness.bench import register_suite
+from .common import Progress
 from .e2e_results import geomean, median
+from .stand_in import add_model_args
 
 NEEDS = {"engines": (), "timed": ("trees_w12", "tlv"), "steps": ("trees_w12", "tlv"), "replay": ("trees_w12",)}
 
@@ -65,12 +67,7 @@ def _args(p: argparse.ArgumentParser) -> None:
         help="seconds into the run after which no step starts (the e2e suite's W12 engine setup, its longest "
         "step, took 98 s on the H200: the run ends inside 8 minutes)",
     )
-    p.add_argument("--max-seq-len", type=int, default=1024)
-    p.add_argument("--device", default="cuda", help="cuda; cpu runs the bookkeeping on tiny models (dry run)")
-    p.add_argument("--dtype", default="bfloat16", help="W12 needs bfloat16")
-    p.add_argument("--lift-layers", type=int, default=None, help="cut the lift shape to this many layers (dry runs)")
-    p.add_argument("--no-compile", action="store_true", help="engines without torch.compile")
-    p.add_argument("--seed", type=int, default=0, help="seed of the lift's random entries")
+    add_model_args(p, dtype_help="W12 needs bfloat16")
 
 
 def parse_tree(text: str) -> tuple[int, int, int]:
@@ -98,25 +95,11 @@ def speed(runs: list[dict]) -> dict:
     }
 
 
-class _Progress:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.lines: list[str] = []
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def __call__(self, msg: str) -> None:
-        line = f"[tlv {self.elapsed():7.1f}s] {msg}"
-        self.lines.append(line)
-        print(line, file=sys.stderr, flush=True)
-
-
 class _Run:
     def __init__(self, args: argparse.Namespace):
         from ..harness.bench import default_run_dir, gpu_name, gpu_slug
 
-        self.args, self.say = args, _Progress()
+        self.args, self.say = args, Progress("tlv")
         self.dev = torch.device(args.device)
         self.cuda = self.dev.type == "cuda"
         self.tree = parse_tree(args.tree)

@@ -10,8 +10,6 @@ the GPU's, not Python's launches (eagerly on the CPU, where the numbers only che
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from tlv import combine_tree
@@ -66,15 +64,11 @@ def step_fns(eng, context: int):
 
 def step_ms(fn, iters: int, cuda: bool) -> list[float]:
     """Per-call milliseconds of ``fn``: CUDA-event times of its graph's replays, or wall times on the CPU."""
-    if cuda:
-        from ..harness.graphs import graph_replay
-        from .common import cuda_times_ms
+    from ..harness.timing import times_ms
 
-        with torch.inference_mode():
-            return cuda_times_ms(graph_replay(fn), iters)
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    if not cuda:
+        return times_ms(fn, iters, cuda=False)
+    from ..harness.graphs import graph_replay
+
+    with torch.inference_mode():
+        return times_ms(graph_replay(fn), iters, cuda=True)

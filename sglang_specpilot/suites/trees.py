@@ -10,12 +10,12 @@ A CPU dry run (``--device cpu`` with tiny presets) exercises the bookkeeping; it
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from ..harness.bench import register_suite
-from .common import cuda_times_ms, median
+from ..harness.timing import times_ms
+from .common import median
 
 VERIFY_ROWS = (1, 8, 16, 32, 64)
 
@@ -39,14 +39,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _times_ms(fn, iters: int, device: str) -> list[float]:
-    if device.startswith("cuda"):
-        return cuda_times_ms(fn, iters)
-    out = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
+    return times_ms(fn, iters, device.startswith("cuda"))
 
 
 def _real(args, out) -> None:
