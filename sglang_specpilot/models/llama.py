@@ -63,9 +63,8 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
         return self.wo(self.core(self.wqkv(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc))
 
-    def core(self, qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
-        # Everything between the two projections (rope, cache write, attention), [B, N, q_size] out; a
-        # method of its own so colocate/ can run the projections as separate (groupable) operations.
+    def split_heads(self, qkv, cos, sin):
+        """q [B, N, H, D], k and v [B, N, H_kv, D] of the fused projection's output, norms and rope applied."""
         cfg = self.cfg
         B, N, _ = qkv.shape
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -74,7 +73,14 @@ class Attention(nn.Module):
         v = v.view(B, N, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def core(self, qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
+        # Everything between the two projections (rope, cache write, attention), [B, N, q_size] out; a
+        # method of its own so colocate/ can run the projections as separate (groupable) operations.
+        cfg = self.cfg
+        B, N, _ = qkv.shape
+        q, k, v = self.split_heads(qkv, cos, sin)
         k_cache[batch_idx, slots] = k
         v_cache[batch_idx, slots] = v
         if mask is None:

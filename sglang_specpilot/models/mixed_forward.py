@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from .llama import Transformer
-from .rope import apply_rope
 
 
 @dataclass
@@ -98,13 +97,7 @@ def _first_chunk_attention(attn, qkv, cos, sin, k_cache, v_cache, rows, slots) -
     norms and rope, K/V written at ``slots``, then causal attention over the chunk itself -> [B, N, q_size]."""
     cfg = attn.cfg
     B, N, _ = qkv.shape
-    q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-    q = q.view(B, N, cfg.num_heads, cfg.head_dim)
-    k = k.view(B, N, cfg.num_kv_heads, cfg.head_dim)
-    v = v.view(B, N, cfg.num_kv_heads, cfg.head_dim)
-    if cfg.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k, v = attn.split_heads(qkv, cos, sin)
     k_cache[rows[:, None], slots] = k
     v_cache[rows[:, None], slots] = v
     G = cfg.num_heads // cfg.num_kv_heads
