@@ -494,6 +494,11 @@ def build(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED, snippets: dict |
         by_module: dict[str, list[dict]] = {}
         for s in pool:
             by_module.setdefault(s["module"], []).append(s)
+        peers_of = {
+            id(s): [p for p in by_module[s["module"]] if p["kind"] == s["kind"] != "package" and p is not s
+                    and p["kind"] in ("callable", "class")]
+            for s in pool
+        }  # fmt: skip
         quota, taken = want[source] + spare, 0
         used: dict[int, set[str]] = {}
         # Pass k gives every snippet its k-th template (never one it already has), so a short source is
@@ -502,8 +507,7 @@ def build(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED, snippets: dict |
             for s in pool:
                 if taken >= quota:
                     break
-                peers = [p for p in by_module[s["module"]] if p["kind"] == s["kind"] != "package" and p is not s
-                         and p["kind"] in ("callable", "class")]  # fmt: skip
+                peers = peers_of[id(s)]
                 names, weights = _applicable(s, bool(peers))
                 have = used.setdefault(id(s), set())
                 free = [(n, w) for n, w in zip(names, weights, strict=True) if n not in have]
