@@ -29,10 +29,8 @@ does not measure, so two calls can cover the whole grid.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -40,7 +38,7 @@ import torch
 from ..harness.bench import register_suite
 from .batched_clients import run_clients
 from .batched_results import LABELS, SYSTEMS, cell, readme_table, summarize
-from .common import Progress
+from .common import Progress, RunLog
 from .e2e_configs import parse_ints
 from .stand_in import add_model_args
 
@@ -72,7 +70,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", default=None, help="an earlier batched results file whose cells to carry over")
 
 
-class _Run:
+class _Run(RunLog):  # its own write(): the batched file carries no command line
     def __init__(self, args: argparse.Namespace):
         from ..harness.bench import default_run_dir, gpu_name, gpu_slug
 
@@ -93,14 +91,6 @@ class _Run:
         self.carried: list[dict] = []
 
     # ---- bookkeeping -------------------------------------------------------------------------------
-    def error(self, stage: str, e: BaseException, **where) -> None:
-        tb = traceback.format_exc(limit=6).splitlines()[-12:]
-        self.out["errors"].append({"stage": stage, **where, "error": f"{type(e).__name__}: {e}", "traceback": tb})
-        self.say(f"FAILED {stage} {where}: {type(e).__name__}: {e}")
-        if isinstance(e, torch.OutOfMemoryError):
-            gc.collect()
-            torch.cuda.empty_cache()
-
     def write(self, part: str) -> None:
         from ..harness.bench import provenance
         from ..harness.jsonable import to_jsonable

@@ -57,16 +57,13 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import shlex
-import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 from ..harness.bench import register_suite
-from .common import Progress
+from .common import Progress, RunLog
 from .e2e_configs import (
     NOT_BUILT,
     SYSTEMS,
@@ -132,14 +129,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 # ---- the run ----------------------------------------------------------------------------------------
 
 
-def _command(suite: str) -> str:
-    argv = sys.argv
-    if suite in argv:
-        return shlex.join(["specpilot", "bench", suite, *argv[argv.index(suite) + 1 :]])
-    return shlex.join(argv)
-
-
-class _Run:
+class _Run(RunLog):
     """State of one suite run: models, engines, the results under construction."""
 
     def __init__(self, args: argparse.Namespace, suite: str = "e2e"):
@@ -170,38 +160,6 @@ class _Run:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.dev)
-
-    def error(self, stage: str, e: BaseException, **where) -> None:
-        tb = traceback.format_exc(limit=6).splitlines()[-12:]
-        self.out["errors"].append({"stage": stage, **where, "error": f"{type(e).__name__}: {e}", "traceback": tb})
-        self.say(f"FAILED {stage} {where}: {type(e).__name__}: {e}")
-        if isinstance(e, torch.OutOfMemoryError):
-            gc.collect()
-            if self.cuda:
-                torch.cuda.empty_cache()
-
-    def write(self, part: str) -> None:
-        """The results so far, in the runner's format (the runner's final write replaces this file)."""
-        import json
-
-        from ..harness.bench import provenance
-        from ..harness.jsonable import to_jsonable
-
-        try:
-            record = {"suite": self.suite, **provenance(device=self.dev), "command": _command(self.suite)}
-            record["partial"] = part
-            record |= {"peaks": self.out.get("peaks", {}), **self.out, "log": self.say.lines}
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps(to_jsonable(record), indent=1) + "\n")
-        except Exception as e:  # a partial file is a convenience; never let it end the run
-            print(f"[e2e] could not write the partial results: {e}", file=sys.stderr, flush=True)
-
-    def past_deadline(self, what: str) -> bool:
-        if self.say.elapsed() <= self.args.deadline_s:
-            return False
-        self.out["skipped"].append({"part": what, "reason": f"past --deadline-s {self.args.deadline_s}"})
-        self.say(f"skipped {what}: past the deadline")
-        return True
 
     def times_ms(self, fn, iters: int) -> list[float]:
         from ..harness.timing import times_ms

@@ -31,15 +31,13 @@ the run checks the bookkeeping.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 from ..harness.bench import register_suite
-from .common import Progress
+from .common import Progress, RunLog
 from .e2e_results import geomean, median
 from .stand_in import add_model_args
 
@@ -95,7 +93,10 @@ def speed(runs: list[dict]) -> dict:
     }
 
 
-class _Run:
+class _Run(RunLog):
+    suite = "tlv"
+    error_key = "step"  # the suite runs steps (engines, timings, replays), and its records name them
+
     def __init__(self, args: argparse.Namespace):
         from ..harness.bench import default_run_dir, gpu_name, gpu_slug
 
@@ -119,36 +120,6 @@ class _Run:
         }
 
     # ---- bookkeeping -------------------------------------------------------------------------------
-    def error(self, step: str, e: BaseException, **where) -> None:
-        tb = traceback.format_exc(limit=6).splitlines()[-12:]
-        self.out["errors"].append({"step": step, **where, "error": f"{type(e).__name__}: {e}", "traceback": tb})
-        self.say(f"FAILED {step} {where}: {type(e).__name__}: {e}")
-        if isinstance(e, torch.OutOfMemoryError) and self.cuda:
-            torch.cuda.empty_cache()
-
-    def write(self, part: str) -> None:
-        """The results so far, in the runner's format (the runner's final write replaces this file)."""
-        import json
-
-        from ..harness.bench import provenance
-        from ..harness.jsonable import to_jsonable
-        from .e2e import _command
-
-        try:
-            record = {"suite": "tlv", **provenance(device=self.dev), "command": _command("tlv"), "partial": part}
-            record |= {"peaks": {}, **self.out, "log": self.say.lines}
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps(to_jsonable(record), indent=1) + "\n")
-        except Exception as e:  # a partial file is a convenience; never let it end the run
-            print(f"[tlv] could not write the partial results: {e}", file=sys.stderr, flush=True)
-
-    def past_deadline(self, what: str) -> bool:
-        if self.say.elapsed() <= self.args.deadline_s:
-            return False
-        self.out["skipped"].append({"part": what, "reason": f"past --deadline-s {self.args.deadline_s}"})
-        self.say(f"skipped {what}: past the deadline")
-        return True
-
     # ---- one target --------------------------------------------------------------------------------
     def e2e_run(self, target: str):
         """The e2e suite's model builder and prompt sets for ``target`` (the lift, the drafter, W12)."""
