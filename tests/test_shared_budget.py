@@ -67,3 +67,19 @@ def test_greedy_under_the_shared_budget_equals_alone_and_ar(total):
 def test_shared_budget_needs_trees():
     with pytest.raises(ValueError, match="tree"):
         EngineOptions(shared_budget=8, device="cpu")
+
+
+@pytest.mark.gpu
+def test_captured_batched_mechanisms_equal_ar_gpu():
+    # bench batched's specpilot_batched system on the H200 failed its capture: the shared budget's
+    # ``keep[taken] = True`` copied a host scalar inside the graph. Capture every mechanism together here.
+    target = tiny_model("tiny-llama").cuda()
+    draft = target.truncated(2)
+    ps = prompts([5, 9, 3, 12, 30, 7], target.cfg.vocab_size, seed=6)
+    kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
+    ar = _ids(Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False)), ps)
+    mech = dict(tree_budget=8, tree_depth=4, tree_top_k=2, shared_budget=12, auto_off=True, adaptive_depths=(2, 3))
+    eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False, **mech), draft)
+    eng.warmup()
+    assert _ids(eng, ps) == ar
+    assert eng.policy.shared_rounds > 0

@@ -30,6 +30,7 @@ def shared_keep(scores: torch.Tensor, in_use: torch.Tensor, total: int) -> torch
     order = torch.sort(pos, stable=True).indices
     by_score = torch.sort(s[order], descending=True, stable=True).indices
     taken = order[by_score[: min(total, B * N)]]
-    keep = torch.zeros(B * N, dtype=torch.bool, device=scores.device)
-    keep[taken] = True
+    # index_fill_, not ``keep[taken] = True``: advanced-index assignment of a Python scalar builds the
+    # value on the host and copies it over, which CUDA graph capture refuses (seen on the H200).
+    keep = torch.zeros(B * N, dtype=torch.bool, device=scores.device).index_fill_(0, taken, True)
     return (keep & torch.isfinite(s)).view(B, N)
