@@ -65,6 +65,48 @@ HEADLINES: tuple[Headline, ...] = (
         lambda m: _tokens_vs(m[f"e2e_{_best(m)}_tok_s_bs1"], m["e2e_stock_tok_s_bs1"], m["e2e_speedup_vs_stock_bs1"]),
     ),
     Headline(
+        "e2e_bs4_16_h200.json",
+        LIFTED_8B,
+        "4",
+        "e2e: SpecPilot trees vs AR (batch-1 tree pick), same prompts, separate run from batch 1",
+        lambda m: _tokens_vs(m["e2e_trees_tok_s_bs4"], m["e2e_ar_tok_s_bs4"], m["e2e_speedup_vs_ar_bs4"]),
+    ),
+    Headline(
+        "e2e_bs4_16_h200.json",
+        LIFTED_8B,
+        "16",
+        "e2e: SpecPilot trees vs AR (the batch-1 tree N 32 was the only candidate: a loss)",
+        lambda m: _tokens_vs(m["e2e_trees_tok_s_bs16"], m["e2e_ar_tok_s_bs16"], m["e2e_speedup_vs_ar_bs16"]),
+    ),
+    Headline(
+        "batched_mechanisms_h200.json",
+        LIFTED_8B,
+        "1 / 16 clients",
+        "server: trees + automatic off, adaptive depth, shared budget, prompt admission vs AR, total tokens/s",
+        lambda m: _tokens_vs(
+            m["batched_tokens_per_s_specpilot_batched_n1"],
+            m["batched_tokens_per_s_ar_n1"],
+            m["batched_speedup_vs_ar_specpilot_batched_n1"],
+            f" at 1; {m['batched_speedup_vs_ar_specpilot_batched_n16']:.2f}x at 16",
+        ),
+    ),
+    Headline(
+        "tlv_h200.json",
+        LIFTED_8B + ", W12",
+        "1",
+        "TLV + trees + W12 vs trees + W12: tokens per exact pass, and tokens/s",
+        lambda m: f"{m['tlv_tokens_per_exact_pass_ratio']:.2f}x per exact pass; "
+        f"{m['tlv_e2e_speedup_vs_trees_w12_bs1']:.2f}x tokens/s",
+    ),
+    Headline(
+        "hybrid_h200.json",
+        "Qwen3-Next-like 8B hybrid, Gated DeltaNet (synthetic)",
+        "1",
+        "tree-32 verify: TreeWY kernel vs path recompute, and vs a snapshot chain of the same depth",
+        lambda m: _vs(m["wy_tree_ms"], m["path_tree_ms"], " ms", m["wy_verify_over_path_recompute"])
+        + f"; {m['tree32_verify_over_chain_verify']:.2f}x the chain",
+    ),
+    Headline(
         "rounds_h200.json",
         "SmolLM2-135M-Instruct (real weights)",
         "1",
