@@ -2,8 +2,8 @@
 
 Per target of ``--targets`` (default: the lifted 8B stand-in, then the real SmolLM2; each built as
 ``suites/e2e.py`` builds it, with its EAGLE-3 drafter and a W12 twin of the target), these steps; every
-target's load, engines and timed steps run first, then every target's steps, then the replays, so a
-deadline cuts the cross-checks before the headline:
+target's load, engines and timed steps run first, then every target's forcing, then every target's
+steps, then the replays, so a deadline cuts the cross-checks before the headline:
 
 1. engines: trees + W12 with the best single-draft tree ``--tree N,D,K`` (the e2e suite's batch-1 pick
    on the H200: N 32, D 6, K 8), and TLV + trees + W12 at the same exact-pass node budget N (a Q chain of
@@ -13,11 +13,20 @@ deadline cuts the cross-checks before the headline:
    prompt by prompt with the order alternating. tokens/s end to end (prefill included) gives
    ``tlv_e2e_speedup_vs_trees_w12_bs1`` (geometric mean over the prompt sets); tokens per exact pass (the
    rounds' tokens over their rounds: each round of either engine is one exact pass) gives
-   ``tlv_tokens_per_exact_pass_ratio``; the two texts are compared (lossless: they must be equal).
-3. steps: one Q step and one exact verify step of the TLV engine, each one CUDA graph, at the prompts'
+   ``tlv_tokens_per_exact_pass_ratio``; the two texts are compared (lossless: they must be equal):
+   ``tlv_mismatched_prompts_vs_trees``.
+3. forcing: in bf16 kernel rounding can tip a near-tie, so unequal texts are judged by token forcing
+   (``harness/token_forcing.py``, as the e2e suite judges its systems): a plain BF16 AR engine on the
+   same target (e2e's ``{"kind": "ar"}``, captured, untimed) generates its greedy text on the timed
+   prompts; AR's, trees + W12's and TLV's texts are scored by AR's target (teacher forcing), and each
+   system's report is compared with AR's own: ``tlv_forcing_accepted`` and ``trees_w12_forcing_accepted``
+   (1: no more large-margin mismatches than AR's, a rate within AR's + 0.5 points), and
+   ``tlv_mismatched_prompts_vs_ar``; the ``forcing`` row holds every report (rate, large-margin count,
+   first mismatches) and verdict.
+4. steps: one Q step and one exact verify step of the TLV engine, each one CUDA graph, at the prompts'
    typical context (``suites/tlv_steps.py``): ``tlv_q_pass_over_exact_pass``; and both engines' whole
    captured rounds.
-4. replay: ``specpilot tau``'s TLV replay (``harness/tlv_replay.py``) on ``--replay-prompts`` prompts:
+5. replay: ``specpilot tau``'s TLV replay (``harness/tlv_replay.py``) on ``--replay-prompts`` prompts:
    ``tlv_q_chain_agreement`` (the engine does not count it) and the replayed ratio as a cross-check.
 
 Metrics of the lifted 8B carry the issue's names; every other target's carry ``_<target>`` (e.g.
@@ -41,7 +50,13 @@ from .common import Progress, RunLog
 from .e2e_results import geomean, median
 from .stand_in import add_model_args
 
-NEEDS = {"engines": (), "timed": ("trees_w12", "tlv"), "steps": ("trees_w12", "tlv"), "replay": ("trees_w12",)}
+NEEDS = {
+    "engines": (),
+    "timed": ("trees_w12", "tlv"),
+    "forcing": ("trees_w12", "tlv"),  # their timed texts, that is
+    "steps": ("trees_w12", "tlv"),
+    "replay": ("trees_w12",),
+}
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -223,6 +238,47 @@ class _Run(RunLog):
             for x, y in zip(c["tlv"]["token_ids"], c["trees_w12"]["token_ids"], strict=True)
         )
 
+    def forcing(self, run, sets: dict, cells: dict) -> None:
+        """Token forcing of both systems' timed texts against a plain BF16 AR engine's on the same prompts."""
+        from ..harness.token_forcing import compare_forcing
+        from .e2e import _brief
+        from .e2e_results import merge_reports
+
+        s, m = suffix(self.target), self.out["metrics"]
+        both = {k: c for k, c in cells.items() if "tlv" in c and "trees_w12" in c}
+        if not both:
+            raise RuntimeError("no timed texts to score (the timed step ran no prompt)")
+        ar = run.engine({"kind": "ar"})  # e2e's reference engine; run.forcing scores with its target
+        run.capture(ar, 1)
+        run.generate(ar, self.warm[:1], 16)  # untimed: first use of every path
+        texts: dict[str, list] = {"ar": [], "trees_w12": [], "tlv": []}
+        prompts = []
+        for set_name, c in both.items():
+            # timed() runs a set's prompts in order, both systems or neither: its texts are of the first ones
+            ps = sets[set_name][: len(c["tlv"]["token_ids"])]
+            prompts += ps
+            texts["ar"] += [run.generate(ar, [p], self.args.new_tokens)["token_ids"][0] for p in ps]
+            for name in ("trees_w12", "tlv"):
+                texts[name] += c[name]["token_ids"]
+        reps = {
+            name: merge_reports([run.forcing(p, t) for p, t in zip(prompts, ids, strict=True)])
+            for name, ids in texts.items()
+        }
+        row = {"case": "forcing", "prompts": len(prompts), "ar": _brief(reps["ar"])}
+        for name in ("trees_w12", "tlv"):
+            verdict = compare_forcing(reps[name], reps["ar"])
+            mismatched = sum(x != y for x, y in zip(texts[name], texts["ar"], strict=True))
+            m[f"{name}_forcing_accepted{s}"] = int(verdict.accepted)
+            row[name] = {
+                "report": _brief(reps[name]),
+                "verdict": verdict.to_dict(),
+                "mismatched_prompts_vs_ar": mismatched,
+            }
+        m[f"tlv_mismatched_prompts_vs_ar{s}"] = row["tlv"]["mismatched_prompts_vs_ar"]
+        self.rows.append(row)
+        verdicts = {n: "accepted" if row[n]["verdict"]["accepted"] else "REJECTED" for n in ("trees_w12", "tlv")}
+        self.say(f"{self.target} forcing: {verdicts}")
+
     def steps(self, run, engines: dict, context: int) -> None:
         from .tlv_steps import step_fns, step_ms
 
@@ -299,7 +355,10 @@ class _Run(RunLog):
             if step == "engines":
                 self.engines(run, engines)
             elif step == "timed":
-                self.timed_metrics(self.timed(run, engines, t["sets"]))
+                t["cells"] = self.timed(run, engines, t["sets"])
+                self.timed_metrics(t["cells"])
+            elif step == "forcing":
+                self.forcing(run, t["sets"], t.get("cells", {}))
             elif step == "steps":
                 self.steps(run, engines, t["context"])
             else:
@@ -319,8 +378,8 @@ class _Run(RunLog):
                 torch._dynamo.config.accumulated_cache_size_limit, 2048
             )
         # Step-major: every target's speedup first (the models stay resident: the 8B, its W12 twin and
-        # SmolLM2 fit the H200 together), then the step timings, then the replays, so a deadline cuts
-        # the cross-checks, not the headline.
+        # SmolLM2 fit the H200 together), then the forcing verdicts on its texts, then the step timings,
+        # then the replays, so a deadline cuts the cross-checks, not the headline.
         states = []
         for target in self.targets:
             t = self.load(target)
@@ -328,7 +387,7 @@ class _Run(RunLog):
                 states.append(t)
                 for step in ("engines", "timed"):
                     self.step(t, step)
-        for step in ("steps", "replay"):
+        for step in ("forcing", "steps", "replay"):
             for t in states:
                 self.step(t, step)
         self.out["log"] = self.say.lines
