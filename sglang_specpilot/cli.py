@@ -106,6 +106,7 @@ ENGINE_FLAGS = (
     "cuda_graphs", "compile", "weights", "draft_weights", "tree_budget", "tree_depth", "tree_top_k",
     "tlv", "tlv_chain_len", "tlv_hang_budget", "tlv_root_budget",
     "auto_off", "auto_off_curve", "auto_off_probe_every", "adaptive_depths", "shared_budget", "prompt_admission",
+    "capture_sampling",
 )  # fmt: skip
 ENGINE_DEFAULTS = {
     "model": None, "draft": None, "draft_layers": None, "ngram": DEFAULT_NGRAM, "synthetic": False, "mode": "spec",
@@ -113,7 +114,7 @@ ENGINE_DEFAULTS = {
     "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
     "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
     "auto_off": False, "auto_off_curve": None, "auto_off_probe_every": 16, "adaptive_depths": None,
-    "shared_budget": None, "prompt_admission": 0,
+    "shared_budget": None, "prompt_admission": 0, "capture_sampling": False,
 }  # fmt: skip
 
 
@@ -149,6 +150,9 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
         "cuda_graphs": lambda: g.add_argument(
             "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
             help="capture decode/draft/verify rounds as CUDA graphs (CUDA only)"),
+        "capture_sampling": lambda: g.add_argument(
+            "--capture-sampling", action=argparse.BooleanOptionalAction, default=False,
+            help="replay CUDA graphs for sampled rounds too (temperature > 0); not yet measured on a GPU"),
         "compile": lambda: g.add_argument(
             "--compile", action=argparse.BooleanOptionalAction, default=None,
             help="torch.compile the captured steps; default: on for CUDA, off on the CPU"),
@@ -274,6 +278,7 @@ def engine_options(args: argparse.Namespace):
         adaptive_depths=(args.adaptive_depths or ()) if args.mode == "spec" else (),
         shared_budget=args.shared_budget if args.mode == "spec" else None,
         prompt_admission=args.prompt_admission,
+        capture_sampling=args.capture_sampling,
         **kw,
     )
 

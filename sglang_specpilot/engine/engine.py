@@ -154,6 +154,7 @@ class Engine:
             for rnd in (self.round, *self.kinds.values()):
                 rnd.shared_budget = options.shared_budget if rnd.shape.depth else None
         self.policy = SpecPolicy(self, curve) if self.kinds or options.shared_budget is not None else None
+        self.sampled_refused: dict[tuple, str] = {}  # (captured round, bucket, filter) -> why its capture failed
         self.colocated = None
         if options.colocate:
             if draft is None:
@@ -259,6 +260,11 @@ class Engine:
             self.captured.capture(b, bs)
             for cap in self.kinds_captured.values():
                 cap.capture(b, bs)
+            if self.options.capture_sampling:  # sampled rounds without top-k/top-p (those: on first use)
+                params = [SamplingParams(temperature=1.0)] * b
+                sampled = BatchSampling.from_params(params, self.device, self.batch.generator)
+                for cap in (self.captured, *self.kinds_captured.values()):
+                    self._sampled_graph(cap, b, sampled)
             if self.carrying is not None:
                 self._warm_carrying(b, bs)
         if self.carrying is not None:
@@ -349,8 +355,27 @@ class Engine:
             if b not in captured:
                 captured.capture(b, bs)
             captured.replay(b)
+        elif captured is not None and not eager and self._sampled_graph(captured, b, bs):
+            captured.replay_sampled(b, bs)
         else:
             rnd.run(self.state, b, bs, max_len)
+
+    def _sampled_graph(self, captured, b: int, bs: BatchSampling) -> bool:
+        """Whether a sampled round of bucket ``b`` replays a graph (``capture_sampling``), capturing it on
+        first use. A capture that fails is not retried: that round runs eagerly, as without the option."""
+        if not self.options.capture_sampling:
+            return False
+        if not captured.takes_sampled(b, bs):
+            key = (id(captured), b, bs.needs_filter)
+            if key in self.sampled_refused:
+                return False
+            try:
+                captured.capture_sampled(b, bs)
+            except Exception as e:  # noqa: BLE001 - any capture failure falls back to the eager round
+                self.sampled_refused[key] = f"{type(e).__name__}: {e}"
+                log.warning("sampled round of batch %d not captured, it runs eagerly: %s", b, e)
+                return False
+        return captured.takes_sampled(b, bs)
 
     def run_carrying(self, b: int, bs: BatchSampling, max_len: int | None, kind, rows: list[int], lens: list[int]):
         """A round over rows ``0 .. b - 1`` that carries the prefill of prompts parked in ``rows`` (``lens``
