@@ -187,7 +187,9 @@ def _argv(folders, out, *extra):
 def test_dry_run_on_cpu(folders, tmp_path):
     # bf16, so the W12 twin runs too (its CPU path decodes exactly); the real model's path (no lift), by
     # the suite that defaults to it and writes its own file.
-    path = run_suite("e2e_smollm2", _argv(folders, tmp_path, "--dtype", "bfloat16"))
+    # --no-fallback-ar: CPU round times can make every tree lose to AR at batch 2, and this run checks that
+    # every system runs its own configuration (the auto-off has its own tests below).
+    path = run_suite("e2e_smollm2", _argv(folders, tmp_path, "--dtype", "bfloat16", "--no-fallback-ar"))
     doc = json.loads(path.read_text())
     assert path.name == "e2e_smollm2_cpu.json" and doc["suite"] == "e2e_smollm2" and doc["gpu"] == "cpu"
     assert "partial" not in doc and doc["model"]["target"] == "smollm2"
@@ -251,6 +253,135 @@ def test_lifted_models_and_refusals(folders, tmp_path):
         args.device = "cuda"
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             e2e.e2e(args)
+
+
+def _planted_run(monkeypatch, tmp_path, argv, tau, round_ms, speed=None):
+    """A ``_Run`` whose measurements are planted: ``tau(cfg)`` and ``round_ms(cfg, b)`` (AR's cfg is
+    ``{"kind": "ar"}``); no model is loaded. Returns the run and the configs measured at batch 1, in order."""
+    from sglang_specpilot.suites import e2e
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--results-dir", default=str(tmp_path))
+    e2e._args(p)
+    run = e2e._Run(p.parse_args(["--device", "cpu", *argv]))
+    measured = []
+
+    def measure_bs1(cfg, prompts, deadline, context):
+        measured.append(cfg)
+        return {"config": cfg, "label": config_label(cfg), "tokens_per_s": (speed or tau)(cfg), "tau": tau(cfg)}
+
+    monkeypatch.setattr(run, "measure_bs1", measure_bs1)
+    monkeypatch.setattr(run, "engine", lambda cfg, w12=False: cfg)  # round_ms gets the config
+    monkeypatch.setattr(run, "round_ms", lambda cfg, b, context: [round_ms(cfg, b)] * 3)
+    run.ar_ms = {b: round_ms({"kind": "ar"}, b) for b in run.batches}
+    return run, measured
+
+
+def _h200_round_ms(cfg, b, scale=1.0):
+    """Round times shaped like the H200's at batch 16 (ms = 4.7 + 0.022 per verified token: AR 5.05,
+    stock gamma 5 6.8, N 32 16.3 against the measured 5.04, 7.22, 16.47); ``scale`` multiplies the
+    speculative rounds."""
+    nodes = {"ar": 1, "chain": cfg.get("gamma", 0) + 1, "tree": cfg.get("budget", 0) + 1}[cfg["kind"]]
+    ms = 4.7 + 0.022 * b * nodes
+    return ms if cfg["kind"] == "ar" else ms * scale
+
+
+def test_larger_batches_measure_and_consider_smaller_trees(monkeypatch, tmp_path):
+    # The H200's case: the batch-1 budget ran out at N 32 (N 16 and 64 skipped), N 32 D 3 K 8 won there.
+    tau = {32: 3.0, 8: 2.4, 4: 1.9}
+
+    def t(cfg):
+        return None if cfg["kind"] == "tree" and cfg["budget"] not in tau else tau.get(cfg.get("budget"), 1.5)
+
+    def speed(cfg):  # batch 1: N 32 D 3 K 8 fastest; N 16 and 64 "skipped" (no tokens/s)
+        if cfg["kind"] == "chain":
+            return 100.0
+        return None if cfg["budget"] not in tau else 200.0 - cfg["depth"] - (cfg["top_k"] != 8) - cfg["budget"] % 32
+
+    argv = ["--batches", "1,16", "--gammas", "5", "--tree-grid", "16,32,64:3,5:4,8", "--systems", "ar,stock,trees"]
+    run, measured = _planted_run(monkeypatch, tmp_path, argv, t, _h200_round_ms, speed)
+    run.sweep([[1, 2]], 100)
+    assert run.selected[1]["trees"] == tree(32, 3, 8)
+    # After the batch-1 sweep: N 8 then N 4 at its D and K (nothing else: two extra compiles).
+    assert measured[-2:] == [tree(8, 3, 8), tree(4, 3, 8)]
+    small = next(r for r in run.out["rows"] if r["case"] == "tune.small_trees")["tree"]
+    assert [r["config"]["budget"] for r in small] == [8, 4] and all(r["tau"] for r in small)
+    bs16 = next(r for r in run.out["rows"] if r["case"] == "tune.bs16")
+    assert [r["config"]["budget"] for r in bs16["by_cost_model"] if r["system"] == "trees"] == [32, 8, 4]
+    # S at 16: N 32 3.0 / (16.3 / 5.05) = 0.93, N 8 2.4 / (7.9 / 5.05) = 1.53, N 4 1.9 / (6.5 / 5.05) = 1.48.
+    assert run.selected[16]["trees"] == tree(8, 3, 8) == run.selected[16]["w12"] and "fallback_ar" not in bs16
+    assert run.out["selection"]["16"]["trees"] == "tree N=8 D=3 K=8"
+    # Small budgets cap the depth: N 4 below a D 5 pick is D 4.
+    from sglang_specpilot.suites.e2e_configs import smaller_trees
+
+    assert smaller_trees(tree(32, 5, 8)) == [tree(8, 5, 8), tree(4, 4, 8)] and smaller_trees(tree(4, 3, 8)) == []
+    # Batch 1 alone: no small tree is measured.
+    run, measured = _planted_run(monkeypatch, tmp_path, [*argv[:-2], "--batches", "1"], t, _h200_round_ms, speed)
+    run.sweep([[1, 2]], 100)
+    assert all(c.get("budget") not in (4, 8) for c in measured)
+    assert not any(r["case"] == "tune.small_trees" for r in run.out["rows"])
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_no_config_predicted_to_beat_ar_falls_back_to_ar(monkeypatch, tmp_path, fallback):
+    # Every speculative round 10x the H200's: the best S at batch 16 is far below 1 for trees and chains.
+    def rms(cfg, b):
+        return _h200_round_ms(cfg, b, 10.0 if b > 1 else 1.0)
+
+    argv = ["--batches", "1,4,16", "--gammas", "4-5", "--tree-grid", "32:3:8", "--systems", "ar,stock,trees"]
+    if not fallback:
+        argv.append("--no-fallback-ar")
+    run, _ = _planted_run(monkeypatch, tmp_path, argv, lambda c: 2.5, rms)
+    run.sweep([[1, 2]], 100)
+    for b in (4, 16):
+        row = next(r for r in run.out["rows"] if r["case"] == f"tune.bs{b}")
+        assert run.selected[b]["stock"]["kind"] == "chain"  # stock has no auto-off
+        assert run.selected[b]["w12"]["kind"] == "tree"
+        if fallback:
+            assert run.selected[b]["trees"]["kind"] == "ar" and row["fallback_ar"].startswith("no tree or chain")
+            assert run.out["selection"][str(b)]["trees"].startswith(
+                f"AR (fallback: no tree or chain predicted S > 1 at batch {b}; best tree N="
+            )
+        else:
+            assert run.selected[b]["trees"]["kind"] == "tree" and "fallback_ar" not in row
+    assert run.selected[1]["trees"]["kind"] == "tree"  # batch 1 is the sweep's measured pick, never off
+    # The fallback runs on AR's engine: its reason is no part of the engine's key.
+    from sglang_specpilot.suites.e2e_configs import config_key, fallback_ar
+
+    assert config_key(fallback_ar("why")) == config_key({"kind": "ar"})
+
+
+def test_dry_run_times_a_switched_off_batch_as_ar(folders, tmp_path, monkeypatch):
+    # Planted round times: every speculative round at batch 2 costs 1000x its measurement, so nothing is
+    # predicted to beat AR there and the trees are timed as AR; batch 1 measures its trees as usual. The
+    # grid's one budget (12) leaves N 8 and 4 to measure for batch 2.
+    from sglang_specpilot.suites import e2e
+
+    measured_ms = e2e._Run.round_ms
+
+    def round_ms(self, eng, b, context):
+        ms = measured_ms(self, eng, b, context)
+        return [x * 1000 for x in ms] if eng.draft is not None and b > 1 else ms
+
+    monkeypatch.setattr(e2e._Run, "round_ms", round_ms)
+    argv = _argv(folders, tmp_path, "--target", "smollm2", "--dtype", "float32", "--systems", "ar,stock,trees")
+    doc = json.loads(run_suite("e2e", [*argv, "--tree-grid", "12:2,3:4"]).read_text())
+    assert not doc["errors"], doc["errors"]
+    small = next(r for r in doc["rows"] if r["case"] == "tune.small_trees")["tree"]
+    assert [r["config"]["budget"] for r in small] == [8, 4] and all(r["tau"] for r in small)
+    bs2 = next(r for r in doc["rows"] if r["case"] == "tune.bs2")
+    assert {r["config"]["budget"] for r in bs2["by_cost_model"] if r["system"] == "trees"} == {12, 8, 4}
+    assert all(r["predicted_speedup"] < 1 for r in bs2["by_cost_model"])
+    sel, m = doc["selection"], doc["metrics"]
+    assert sel["2"]["trees"].startswith("AR (fallback: no tree or chain predicted S > 1 at batch 2")
+    assert sel["2"]["stock"].startswith("chain") and sel["1"]["trees"].startswith("tree")
+    assert m["e2e_trees_fallback_ar_bs2"] == 1 and "e2e_trees_fallback_ar_bs1" not in m
+    trees2 = next(c for c in doc["table"] if c["system"] == "trees" and c["batch"] == 2)
+    assert trees2["setting"] == sel["2"]["trees"] and trees2["verdict"] == "accepted"
+    rounds = next(r for r in doc["rows"] if r["case"] == "round_times" and r["batch"] == 2)
+    assert rounds["configs"]["trees"]["kind"] == "ar"  # timed on AR's engine: the headline is AR's pace
+    assert m["e2e_speedup_vs_ar_bs2"] == m["e2e_trees_speedup_vs_ar_bs2"] > 0
+    assert "AR (fallback" in readme_table(doc)
 
 
 def test_a_failing_system_is_reported_and_the_rest_go_on(folders, tmp_path):

@@ -16,7 +16,7 @@ first), greedy, chat template, ``--new-tokens`` (128) tokens with EOS ignored (e
 
   ar      default engine options, no drafter (every engine is sized alike: --max-seq-len, the batches)
   stock   chain speculative decoding with the drafter, the best gamma of ``--gammas`` (3-8)
-  trees   SpecPilot best-first trees, the best (N, D, K) of ``--tree-grid``
+  trees   SpecPilot best-first trees, the best (N, D, K) of ``--tree-grid`` (AR where it switches off)
   w12     trees with W12 weights on the target (a W12 twin of the BF16 model, built on the device)
   tlv     trees + W12 with two-level verification (a Q chain of --tlv-chain-len tokens from W12's 8-bit
           view, the drafter's tree hanging from its end, one exact pass over both)
@@ -29,8 +29,19 @@ compile and capture of its round (seconds each at 8B), the grid's axes barely in
 cost, and the whole suite must fit one ~9-minute device call; ``--tree-search full`` runs all of it. At
 larger batches the verify pass is no longer free, so N (at the batch-1 D, K) and gamma are chosen again
 per batch by the cost model: S = tau / c with tau from the batch-1 sweep (greedy tau does not depend on
-the batch) and c = round time / AR step time, both measured at that batch. ``--tune-budget-s`` bounds
-the sweep (configs left are reported as skipped).
+the batch) and c = the candidate's round time at that batch / AR's step time there. The tree candidates
+are the measured grid budgets at the batch-1 (D, K) plus N 8 and 4 below the batch-1 N (D capped to N;
+``e2e_configs.SMALL_BUDGETS``): their tau is measured by the same short batch-1 run, only when a batch > 1
+is asked for, nearest budget first, inside what is left of the budget. ``--tune-budget-s`` bounds the
+sweep (configs left are reported as skipped).
+
+Auto-off (``--fallback-ar``, the default; ``--no-fallback-ar`` keeps the best tree whatever it is
+predicted): at a batch > 1 where no tree candidate and no stock gamma is predicted S > 1, SpecPilot
+switches speculation off there, so the ``trees`` system is timed as AR at that batch, its selection
+reads ``AR (fallback: <why, the best tree and its S>)``, the batch's ``tune.bs{B}`` row carries
+``fallback_ar`` and the metric ``e2e_trees_fallback_ar_bs{B}`` is 1 (0 where the trees ran). Stock
+keeps its best gamma regardless (stock has no auto-off); W12 and TLV keep the tree (the prediction used
+the BF16 trees' round times, not theirs), and the headline takes the best of the three.
 
 Per system, batch and prompt set the results hold tokens/s end to end (prefill included) and in the
 decode phase, tau (tokens the rounds emitted / row-rounds), the speedup over AR (both ways), and the cost
@@ -73,9 +84,11 @@ from .e2e_configs import (
     config_key,
     config_label,
     config_options,
+    fallback_ar,
     parse_grid,
     parse_ints,
     run_order,
+    smaller_trees,
     tree,
     tree_search,
     with_tlv,
@@ -109,6 +122,12 @@ def _args(p: argparse.ArgumentParser) -> None:
     # this drafter's acceptance may lie below 5.
     p.add_argument("--tree-grid", default="16,32,64:3,4,5,6,7:4,8", help="tree budgets N : depths D : top-k K")
     p.add_argument("--tree-search", choices=("coordinate", "full"), default="coordinate")
+    p.add_argument(
+        "--fallback-ar",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at a batch > 1 where no tree (nor stock's best gamma) is predicted to beat AR, run the trees as AR",
+    )
     p.add_argument(
         "--tune-prompts",
         # Measured on the H200 (c963b6b): with two of the drafter's training prompts in this set the sweep's
@@ -425,19 +444,33 @@ class _Run(RunLog):
         self.drop_engines(keep | {(False, config_key({"kind": "ar"}))})
         # Larger batches: gamma and N again, by the cost model at that batch.
         deadline = start + budget
-        for b in [b for b in run_order(self.batches) if b != 1]:
+        larger = [b for b in run_order(self.batches) if b != 1]
+        small: list[dict] = []
+        if larger and b_tree:
+            # Budgets below the batch-1 grid's (SMALL_BUDGETS): at batch 16 the verify pass costs what its
+            # rows x nodes cost (N 32: 16.47 ms against AR's 5.04 ms), so the winner there may be a tree
+            # batch 1 never measured. Their tau (batch-independent) from the same short batch-1 run, the
+            # nearest below the batch-1 N first, inside what is left of the budget.
+            measured = {config_key(r["config"]) for r in tree_records if r.get("tau")}
+            small = [
+                self.measure_bs1(c, tune_ids, deadline, context)
+                for c in smaller_trees(b_tree["config"])
+                if config_key(c) not in measured
+            ]
+            self.out["rows"].append({"case": "tune.small_trees", "tree": small})
+        for b in larger:
             pick = dict(pick1)
             # Trees first (a tree that pays at batch 1 can cost most at 16), then chains; within each, the
             # batch-1 choice, then shorter ones nearest first (a wider batch favours narrower verifies),
             # then longer ones, so a budget cut keeps the likeliest candidates.
             cand = {}
             if b_tree:
-                recs = [r for r in tree_records if r.get("tau") and _same_dk(r["config"], b_tree["config"])]
-                cand["trees"] = _nearest_below(recs, "budget", b_tree["config"]["budget"])
+                recs = [r for r in tree_records if _same_dk(r["config"], b_tree["config"])] + small
+                cand["trees"] = _nearest_below([r for r in recs if r.get("tau")], "budget", b_tree["config"]["budget"])
             if b_chain:
                 recs = [r for r in chain_records if r.get("tau")]
                 cand["stock"] = _nearest_below(recs, "gamma", b_chain["config"]["gamma"])
-            rows = []
+            rows, top = [], {}  # top: system -> (best predicted S, its config)
             for system, recs in cand.items():
                 scored = []
                 for r in recs:
@@ -454,12 +487,25 @@ class _Run(RunLog):
                     except Exception as e:
                         self.error("tune", e, config=config_label(r["config"]), batch=b)
                 if scored:
-                    pick[system] = max(scored, key=lambda x: x[0])[1]
+                    top[system] = max(scored, key=lambda x: x[0])
+                    pick[system] = top[system][1]
             if "trees" in pick:
                 pick["w12"] = pick["trees"]
                 pick["tlv"] = with_tlv(pick["trees"], a.tlv_chain_len)
+            # Nothing speculative predicted to beat AR (no tree, nor stock's best chain): SpecPilot's trees
+            # switch themselves off at this batch and run as AR, so the headline is what SpecPilot would do
+            # (H200, batch 16: N 32 ran at 0.54x AR). Stock keeps its gamma (stock has no auto-off); W12
+            # and TLV keep the tree (their own round times are not the BF16 trees' the prediction used).
+            row = {"case": f"tune.bs{b}", "by_cost_model": rows}
+            if a.fallback_ar and "trees" in top and all(sp < 1 for sp, _ in top.values()):
+                what = "tree or chain" if "stock" in top else "tree"
+                pick["trees"] = fallback_ar(
+                    f"no {what} predicted S > 1 at batch {b}; best {config_label(top['trees'][1])} "
+                    f"at S {top['trees'][0]:.2f}"
+                )
+                row["fallback_ar"] = pick["trees"]["fallback"]
             self.selected[b] = pick
-            self.out["rows"].append({"case": f"tune.bs{b}", "by_cost_model": rows})
+            self.out["rows"].append(row)
             self.say(f"batch {b}: {_picks(pick)}")
         self.out["selection"] = {str(b): {s: config_label(c) for s, c in p.items()} for b, p in self.selected.items()}
         self.out["rows"].append({"case": "part.tune", "wall_s": time.perf_counter() - start})
@@ -644,6 +690,9 @@ class _Run(RunLog):
         self.out["forcing_all_batches"] = overall
         self.out["metrics"] = summarize(self.cells, self.verdicts)
         self.out["metrics"]["tlv_built"] = int(any(c["system"] == "tlv" for c in self.cells))
+        for b in sorted({c["batch"] for c in self.cells if c["system"] == "trees" and c["batch"] != 1}):
+            fell_back = bool(self.selected.get(b, {}).get("trees", {}).get("fallback"))
+            self.out["metrics"][f"e2e_trees_fallback_ar_bs{b}"] = int(fell_back)  # 1: the trees ran as AR
         compiles = [r["graphs"] for r in self.out["rows"] if r.get("case") == "compiles_while_timed"]
         if compiles:
             self.out["metrics"]["e2e_compiles_while_timed"] = sum(compiles)

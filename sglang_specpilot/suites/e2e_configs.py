@@ -70,6 +70,27 @@ def tree(n: int, d: int, k: int) -> dict:
     return {"kind": "tree", "budget": n, "depth": d, "top_k": k}
 
 
+def fallback_ar(reason: str) -> dict:
+    """AR standing in for a speculative system at a batch where nothing speculative is predicted to beat
+    it (the system switches itself off there); the same engine as AR's (``config_key`` leaves ``reason`` out)."""
+    return {"kind": "ar", "fallback": reason}
+
+
+# Budgets tried below the batch-1 pick at larger batches. On the H200 the batch-1 sweep ran out of budget
+# at N 32, so N 32 D 3 K 8 was batch 16's only tree: 16 rows x 33 nodes, 16.47 ms a round against AR's
+# 5.04 ms step (0.54x AR; stock's gamma 5, 16 x 6 nodes, 7.22 ms: 0.88x). Two budgets keep the extra
+# compiles (seconds each at 8B) to two.
+SMALL_BUDGETS = (8, 4)
+
+
+def smaller_trees(cfg: dict, budgets=SMALL_BUDGETS) -> list[dict]:
+    """Trees of ``budgets`` below ``cfg``'s budget at its depth and top-k, the largest (nearest) first. D is
+    capped to N (N nodes reach at most depth N); K needs no cap: a lattice holds (1 + (D-1) K) K >= N
+    candidates when D = N, and when D < N it is ``cfg``'s own lattice, which held ``cfg``'s larger N."""
+    n0, d, k = cfg["budget"], cfg["depth"], cfg["top_k"]
+    return [tree(n, min(d, n), k) for n in sorted(set(budgets), reverse=True) if n < n0]
+
+
 def with_tlv(cfg: dict, chain_len: int) -> dict:
     """``cfg`` (a tree) with two-level verification on: a Q chain of ``chain_len`` tokens from W12's 8-bit
     view, the tree hanging from its end (the exact pass verifies both)."""
@@ -78,7 +99,7 @@ def with_tlv(cfg: dict, chain_len: int) -> dict:
 
 def config_label(cfg: dict) -> str:
     if cfg["kind"] == "ar":
-        return "AR"
+        return f"AR (fallback: {cfg['fallback']})" if cfg.get("fallback") else "AR"
     if cfg["kind"] == "chain":
         return f"chain gamma={cfg['gamma']}"
     label = f"tree N={cfg['budget']} D={cfg['depth']} K={cfg['top_k']}"
@@ -98,7 +119,8 @@ def config_options(cfg: dict) -> dict:
 
 
 def config_key(cfg: dict) -> tuple:
-    return tuple(sorted(cfg.items()))
+    """What an engine is built from: a fallback's reason is not (it runs on AR's engine)."""
+    return tuple(sorted((k, v) for k, v in cfg.items() if k != "fallback"))
 
 
 def best(records: list[dict], key: str) -> dict | None:
