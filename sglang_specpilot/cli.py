@@ -610,6 +610,7 @@ TRAIN_ONLY = {
         "gen_batch",
         "train_seconds",
         "head",
+        "intermediate",
     ),
 }
 
@@ -627,6 +628,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         if getattr(args, name, None) is None and name not in TRAIN_ONLY[other]:
             setattr(args, name, value)
     _positive(args, "layers", "steps", "batch", "answer_tokens", "ttt_steps", "max_len", "draft_vocab", "gen_batch")
+    _positive(args, "intermediate")
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     if args.kind == "eagle3":
@@ -688,6 +690,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         draft_vocab=args.draft_vocab,
         train_seconds=args.train_seconds,
         head=args.head,
+        intermediate_size=args.intermediate,
         progress=sys.stderr.isatty(),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
@@ -839,6 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="LM head over the draft vocabulary: the target's rows, frozen and not stored, or trained "
                    "(default: target)")  # fmt: skip
     e.add_argument("--gen-batch", type=int, help="prompts the target answers at once (default: 128)")
+    e.add_argument("--intermediate", type=int, metavar="UNITS",
+                   help="MLP units of the drafter layer (default: the target's); lifted to Llama-3.1-8B "
+                   "shapes a SmolLM2 drafter has 14336 whatever this is: up to that, the same cost there")  # fmt: skip
     e.add_argument("--train-seconds", type=float,
                    help="fit --steps to this many seconds of training, timed on the first steps")  # fmt: skip
     _add_engine_args(d, ("model", "synthetic", "device", "dtype", "max_seq_len"))

@@ -27,10 +27,10 @@ SHAPE = {**SHAPES["tiny"], "num_layers": 8}
 KINDS = {"chain": {"num_speculative_tokens": 4}, "tree": {"tree_budget": 10, "tree_depth": 4, "tree_top_k": 3}}
 
 
-def _small_pair(head="target"):
+def _small_pair(head="target", intermediate_size=None):
     target = tiny_model("tiny-llama", vocab_size=V, rope_scaling=None)  # the lift keeps rope unscaled
     torch.manual_seed(0)
-    draft = init_eagle3(target, d2t=torch.tensor(VOCAB), head=head)
+    draft = init_eagle3(target, d2t=torch.tensor(VOCAB), head=head, intermediate_size=intermediate_size)
     with torch.no_grad():  # off the warm start, so the features and every weight matter
         for name, p in draft.named_parameters():
             if not name.startswith("embed."):
@@ -149,3 +149,18 @@ def test_refuses_a_target_lifted_otherwise(pairs):
         lift_eagle3(draft, other, SHAPE)
     with pytest.raises(ValueError, match="unknown lift shape"):
         lift_eagle3(draft, big, "no-such-shape")
+
+
+def test_a_wider_mlp_lifts_into_the_same_drafter_shapes():
+    # The lifted drafter's MLP has the big shape's units whatever the small one's: a wider small MLP fills
+    # more of them with live units, at the same lifted cost.
+    target, draft = _small_pair(intermediate_size=3 * 160)
+    big = lift_model(target, SHAPE, seed=0)
+    bdraft = lift_eagle3(draft, big, SHAPE, seed=1)
+    assert bdraft.layers[0].mlp.w2.weight.shape == (SHAPE["hidden_size"], SHAPE["intermediate_size"])
+    ps = prompts([5, 9, 3], V, seed=1)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    ref = _engine(target, draft, "tree").generate(ps, params)
+    got = _engine(big, bdraft, "tree").generate(ps, params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref]
+    assert [r.rounds for r in got] == [r.rounds for r in ref]  # the same drafts accepted, round for round

@@ -187,12 +187,15 @@ def test_cli_eagle3_refuses_evaluation_sets_and_foreign_flags(capsys, monkeypatc
         (["--prompts", "synthetic:2", "--layers", "2"], "--layers is a flag of --kind shared"),
         (["--prompts", "synthetic:2", "--ttt-steps", "0"], "--ttt-steps"),
         (["--prompts", "synthetic:2", "--answers", "beam"], "--answers"),
+        (["--prompts", "synthetic:2", "--intermediate", "0"], "--intermediate must be >= 1"),
     ]
     for args, needle in cases:
         rc, out = _main(capsys, "train-drafter", "--kind", "eagle3", "--out", "/tmp/never-written", *args)
         assert rc == 2 and needle in out.err and out.err.count("\n") == 1, out.err
     rc, out = _main(capsys, "train-drafter", "--out", "/tmp/never", "--prompts", "synthetic:2", "--ttt-steps", "3")
     assert rc == 2 and "--ttt-steps is a flag of --kind eagle3" in out.err
+    rc, out = _main(capsys, "train-drafter", "--out", "/tmp/never", "--prompts", "synthetic:2", "--intermediate", "8")
+    assert rc == 2 and "--intermediate is a flag of --kind eagle3" in out.err
 
 
 def test_cli_eagle3_trains_a_loadable_drafter(capsys, tmp_path):
@@ -209,3 +212,26 @@ def test_cli_eagle3_trains_a_loadable_drafter(capsys, tmp_path):
     marker = json.loads((out / "specpilot_drafter.json").read_text())
     assert marker["kind"] == "eagle3" and marker["head"] == "trained" and marker["training"]["head"] == "trained"
     assert "lm_head.weight" in load_file(str(out / "model.safetensors"))  # a trained head is stored
+
+
+def test_a_wider_mlp_starts_as_the_target_layer_and_round_trips(capsys, tmp_path):
+    target = tiny_model("tiny-llama")
+    units = target.cfg.intermediate_size
+    plain, wide = init_eagle3(target), init_eagle3(target, intermediate_size=3 * units)
+    x = torch.randn(5, target.cfg.hidden_size)
+    assert wide.layers[0].mlp.w2.weight.shape[1] == 3 * units
+    assert torch.allclose(plain.layers[0].mlp(x), wide.layers[0].mlp(x), atol=1e-6)  # extra units add nothing yet
+    with pytest.raises(ValueError, match="below the target's"):
+        init_eagle3(target, intermediate_size=units - 1)
+    out = tmp_path / "d"
+    rc, res = _main(
+        capsys, "train-drafter", "--kind", "eagle3", "--out", str(out), "--prompts", "synthetic:3", "--steps", "3",
+        "--batch", "2", "--new-tokens", "8", "--ttt-steps", "2", "--gen-batch", "3", "--max-len", "64",
+        "--intermediate", str(2 * units), "--model", "tiny-llama", "--synthetic", "--device", "cpu",
+    )  # fmt: skip
+    assert rc == 0, res.err
+    assert json.loads(res.out.strip().splitlines()[-1])["intermediate_size"] == 2 * units
+    marker = json.loads((out / "specpilot_drafter.json").read_text())
+    assert marker["layer"]["intermediate_size"] == 2 * units
+    loaded = load_eagle3(out, tiny_model("tiny-llama"))
+    assert loaded.cfg.intermediate_size == 2 * units and loaded.layers[0].mlp.w13.weight.shape[0] == 4 * units

@@ -201,8 +201,15 @@ def is_eagle3(path: str | Path | None) -> bool:
         return False
 
 
-def layer_config(target: Transformer) -> ModelConfig:
-    return ModelConfig(**{**target.cfg.to_dict(), "num_layers": 1, "name": f"{target.cfg.name}-eagle3"})
+def layer_config(target: Transformer, intermediate_size: int | None = None) -> ModelConfig:
+    """The drafter layer's config: the target's, one layer; ``intermediate_size`` widens its MLP (None:
+    the target's)."""
+    d = {**target.cfg.to_dict(), "num_layers": 1, "name": f"{target.cfg.name}-eagle3"}
+    if intermediate_size is not None:
+        if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size < 1:
+            raise ValueError(f"intermediate_size must be a positive integer, got {intermediate_size!r}")
+        d["intermediate_size"] = intermediate_size
+    return ModelConfig(**d)
 
 
 def init_eagle3(
@@ -210,13 +217,25 @@ def init_eagle3(
     d2t: torch.Tensor | None = None,
     feature_layers: tuple[int, ...] | None = None,
     head: str = "target",
+    intermediate_size: int | None = None,
 ) -> Eagle3Drafter:
     """A fresh drafter for ``target``: the layer's MLP and attention output start from copies of the
     target's last layer (a warm start); the head is the target's head rows of the draft vocabulary,
-    frozen (``head="target"``) or as the start of a trained one (``"trained"``)."""
+    frozen (``head="target"``) or as the start of a trained one (``"trained"``).
+
+    ``intermediate_size`` (default: the target's) widens the layer's MLP. A drafter of SmolLM2 lifted to
+    Llama-3.1-8B shapes (``models.lift_eagle3``) has the 8B drafter's MLP of 14336 units whatever this is,
+    its units past this width are dead filler; so up to that width the extra capacity costs the lifted
+    drafter nothing. The units past the target's start with the target's gate/up scale and zero down
+    rows: they add nothing until trained."""
     if head not in ("target", "trained"):
         raise ValueError(f"head must be 'target' or 'trained', got {head!r}")
-    cfg = layer_config(target)
+    cfg = layer_config(target, intermediate_size)
+    if cfg.intermediate_size < target.cfg.intermediate_size:
+        raise ValueError(
+            f"intermediate_size {cfg.intermediate_size} is below the target's {target.cfg.intermediate_size} "
+            "(the warm start copies the target's MLP)"
+        )
     V = target.cfg.vocab_size
     d2t = torch.arange(V) if d2t is None else d2t.to(torch.long).cpu()
     layers = tuple(sorted(set(feature_layers or default_feature_layers(target.num_layers))))
@@ -227,7 +246,7 @@ def init_eagle3(
     last = target.layers[-1]
     with torch.no_grad():
         lay = draft.layers[0]
-        lay.mlp.load_state_dict(last.mlp.state_dict())
+        _warm_mlp(lay.mlp, last.mlp)
         lay.attn.wo.load_state_dict(last.attn.wo.state_dict())
         lay.mlp_norm.load_state_dict(last.mlp_norm.state_dict())
         draft.norm.load_state_dict(target.norm.state_dict())
@@ -237,6 +256,23 @@ def init_eagle3(
         with torch.no_grad():
             draft.lm_head.weight.copy_(target.lm_head.weight[draft.d2t])
     return draft
+
+
+def _warm_mlp(mlp: MLP, src: MLP) -> None:
+    """Copy ``src``'s MLP into the first units of ``mlp`` (as wide or wider): extra units get gate/up
+    rows at the source's scale and zero down columns, so the copy computes ``src``'s function."""
+    n, wide = src.w2.weight.shape[1], mlp.w2.weight.shape[1]
+    w13, w2 = mlp.w13.weight, mlp.w2.weight
+    if wide == n:
+        w13.copy_(src.w13.weight)
+        w2.copy_(src.w2.weight)
+        return
+    gate, up = src.w13.weight.chunk(2, 0)  # w13 is [gate; up], each [units, hidden]
+    w13.normal_(0.0, float(src.w13.weight.float().std()))
+    w13[:n].copy_(gate)
+    w13[wide : wide + n].copy_(up)
+    w2.zero_()
+    w2[:, :n].copy_(src.w2.weight)
 
 
 def save_eagle3(draft: Eagle3Drafter, path: str | Path, meta: dict | None = None) -> Path:
@@ -279,7 +315,7 @@ def load_eagle3(path: str | Path, target: Transformer) -> Eagle3Drafter:
     spec = Eagle3Spec(
         marker["target_name"], marker["target_hidden"], marker["target_vocab"], layers, int(d2t.numel()), head
     )
-    cfg = layer_config(target)
+    cfg = layer_config(target, (marker.get("layer") or {}).get("intermediate_size"))
     dev, dtype = target.embed.weight.device, target.embed.weight.dtype
     with torch.device("meta"):
         shell = Eagle3Drafter(cfg, spec, nn.Embedding(1, 1), torch.empty(0))

@@ -425,6 +425,7 @@ def fit_eagle3(
     seed: int = 0,
     clip: float = 0.5,
     head: str = "target",
+    intermediate_size: int | None = None,
     progress: bool = True,
     log_every: int = 50,
     log=print,
@@ -435,7 +436,8 @@ def fit_eagle3(
     (default 3% of the steps, at most 100). ``train_seconds``: after ten timed steps, lower ``steps`` to
     what fits this many seconds of training (the cosine schedule then spans the new count).
     ``eval_frac``: share of the prompts held out (with all their answers) for the final evaluation.
-    ``head``: "target" (the target's head rows, frozen and not stored) or "trained" (``init_eagle3``)."""
+    ``head``: "target" (the target's head rows, frozen and not stored) or "trained" (``init_eagle3``).
+    ``intermediate_size``: the drafter layer's MLP units (default: the target's; ``init_eagle3``)."""
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
     dev = target.embed.weight.device
@@ -471,7 +473,8 @@ def fit_eagle3(
     )
 
     torch.manual_seed(seed)
-    drafter = init_eagle3(target, d2t=d2t, head=head)  # head "target": frozen, not a parameter
+    # head "target": frozen, not a parameter
+    drafter = init_eagle3(target, d2t=d2t, head=head, intermediate_size=intermediate_size)
     params = [p for n, p in drafter.named_parameters() if not n.startswith("embed.")]
     shared = {t.data_ptr() for t in target.parameters()}
     assert not any(p.data_ptr() in shared for p in params), "a trained tensor is the target's"
@@ -566,6 +569,7 @@ def fit_eagle3(
         **data,
         "ttt_steps": ttt_steps,
         "head": head,
+        "intermediate_size": drafter.cfg.intermediate_size,
         "steps": len(history),
         "batch_rows": batch,
         "max_len": max_len,

@@ -95,16 +95,20 @@ HEADLINES: tuple[Headline, ...] = (
         LIFTED_8B + ", W12",
         "1",
         "TLV + trees + W12 vs trees + W12: tokens per exact pass, and tokens/s",
-        lambda m: f"{m['tlv_tokens_per_exact_pass_ratio']:.2f}x per exact pass; "
-        f"{m['tlv_e2e_speedup_vs_trees_w12_bs1']:.2f}x tokens/s",
+        lambda m: (
+            f"{m['tlv_tokens_per_exact_pass_ratio']:.2f}x per exact pass; "
+            f"{m['tlv_e2e_speedup_vs_trees_w12_bs1']:.2f}x tokens/s"
+        ),
     ),
     Headline(
         "hybrid_h200.json",
         "Qwen3-Next-like 8B hybrid, Gated DeltaNet (synthetic)",
         "1",
         "tree-32 verify: TreeWY kernel vs path recompute, and vs a snapshot chain of the same depth",
-        lambda m: _vs(m["wy_tree_ms"], m["path_tree_ms"], " ms", m["wy_verify_over_path_recompute"])
-        + f"; {m['tree32_verify_over_chain_verify']:.2f}x the chain",
+        lambda m: (
+            _vs(m["wy_tree_ms"], m["path_tree_ms"], " ms", m["wy_verify_over_path_recompute"])
+            + f"; {m['tree32_verify_over_chain_verify']:.2f}x the chain"
+        ),
     ),
     Headline(
         "rounds_h200.json",
