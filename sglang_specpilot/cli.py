@@ -188,7 +188,8 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
             help="--auto-off: the step-time curve (default: measured at warm-up on CUDA)"),
         "auto_off_probe_every": lambda: g.add_argument(
             "--auto-off-probe-every", type=int, default=16, metavar="N",
-            help="--auto-off: while off, every N-th round is a speculative probe re-measuring acceptance"),
+            help="--auto-off: while off, a speculative probe re-measures acceptance after N rounds, then at "
+            "gaps that double up to 8N"),
         "adaptive_depths": lambda: g.add_argument(
             "--adaptive-depths", type=_ints, metavar="D,D",
             help="draft depths below --gamma / --tree-depth that a batch may run instead, chosen from its rows' "

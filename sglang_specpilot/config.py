@@ -88,7 +88,8 @@ class EngineOptions:
         current. Off by default (every round speculates, as before).
     auto_off_curve : ``(rows, ar_ms, spec_ms)`` points of the step-time curve c is read from; None = measured
         at warm-up on CUDA (``Engine.warmup``); without one, every round speculates.
-    auto_off_probe_every : while off, every this-many-th round is a speculative probe that re-measures tau.
+    auto_off_probe_every : while off, a speculative probe re-measures tau after this many rounds, then at gaps
+        that double up to 8x this (``engine.auto_off``).
     adaptive_depths : draft depths (chain length, or tree depth) below the configured one that a batch may run
         instead, chosen from its rows' recent acceptance (``engine.adaptive_depth``); e.g. (8, 12) with
         gamma 16. Empty (the default): every round drafts the configured depth.

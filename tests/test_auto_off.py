@@ -34,7 +34,13 @@ def test_decision_rule_and_probes():
     off = AutoOff(StepCurve.from_triples(CURVE), probe_every=4)
     assert off.decide([3.0, 2.8], 2) == SPEC  # S = 2.9 / 2.5 > 1
     assert off.decide([2.5], 1) == AR  # S = 1 exactly: not a gain
-    assert [off.decide([1.0], 1) for _ in range(7)] == [AR, AR, PROBE, AR, AR, AR, PROBE]
+    # Off since the round above: probes at off rounds 4, 12, 28, then every 32 (8 x probe_every).
+    got = [off.decide([1.0], 1) for _ in range(2, 93)]
+    assert [i + 2 for i, d in enumerate(got) if d == PROBE] == [4, 12, 28, 60, 92]
+    assert off.decide([3.0], 1) == SPEC  # speculation wins again: the gaps start over
+    assert [off.decide([1.0], 1) for _ in range(4)] == [AR, AR, AR, PROBE]
+    fixed = AutoOff(StepCurve.from_triples(CURVE), probe_every=4, max_backoff=1)  # no doubling
+    assert [fixed.decide([1.0], 1) for _ in range(8)] == [AR, AR, AR, PROBE] * 2
     assert off.decide([1.0, None], 1) == UNMEASURED  # a row not measured yet: speculate to measure it
     assert AutoOff(None, 4).decide([1.0], 1) == UNMEASURED  # no curve: today's behaviour
 
@@ -71,6 +77,8 @@ def test_keepup_round_keeps_the_drafter_current():
     # Planted so that even full acceptance (5 tokens a round) loses: every round is AR, except probes.
     eng = _engine(target, target.truncated(target.num_layers), auto_off=True, auto_off_curve=((1, 1.0, 9.0),))
     eng.policy.auto_off.probe_every = 3
+    eng.policy.auto_off.max_backoff = 1  # a probe every third round: this test is about the keep-up
+    eng.policy.auto_off._restart()
     seen, observe = [], eng.policy.observe
     eng.policy.observe = lambda row, k, kind: (seen.append((k, kind)), observe(row, k, kind))
     _ids(eng, [p], n=40)
