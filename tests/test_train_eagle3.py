@@ -157,6 +157,9 @@ def test_short_training_learns_and_the_folder_drives_the_engine(tmp_path):
     marker = json.loads((tmp_path / "d" / "specpilot_drafter.json").read_text())
     meta = marker["training"]
     assert meta["tokens"] > meta["answer_tokens"] > 0 and meta["train_seconds"] > 0 and meta["steps"] == 120
+    phases = meta["step_ms_by_phase"]  # five timed steps, every phase of the step booked
+    assert set(phases) == {"batch", "target_pass", "ttt_forward", "head_loss", "backward", "optimizer"}
+    assert all(v > 0 for v in phases.values()) and sum(phases.values()) < 1000 * meta["train_seconds"] / 5
     assert meta["answers"] == ["greedy", "sampled"] and marker["draft_vocab"] == 256
     assert is_eagle3(tmp_path / "d")
     draft = load_eagle3(tmp_path / "d", target)

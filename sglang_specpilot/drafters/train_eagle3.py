@@ -32,7 +32,9 @@ under activation checkpointing (recomputed in the backward), so only hidden stat
 Optimisation: AdamW on fp32 master copies of the drafter's own weights (fc, the layer, norm, and lm_head
 with ``head="trained"``; by default the head is the target's rows of the draft vocabulary, frozen, see
 ``drafters.eagle3``; the embedding is the target's and stays frozen), bf16 autocast where the target runs
-in bf16, linear warm-up then cosine decay, gradient clipping. ``train_seconds`` fits the number of steps to
+in bf16, linear warm-up then cosine decay, gradient clipping. The summary's ``step_ms_by_phase`` splits five
+steps' time into batch, target pass, TTT forward, head and loss, backward and optimizer (synced, after the
+steps ``train_seconds`` times). ``train_seconds`` fits the number of steps to
 a time budget from the speed of the first steps.
 """
 
@@ -371,6 +373,34 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="eagle3", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
+class PhaseTimer:
+    """Milliseconds per phase of the training step, summed over the steps ``start(True)`` opens: each
+    ``mark(name)`` syncs the device and books the time since the previous mark to ``name``."""
+
+    def __init__(self, dev: torch.device):
+        self.dev, self.on, self.steps, self.ms = dev, False, 0, {}
+        self._t = 0.0
+
+    def start(self, on: bool) -> None:
+        self.on = on
+        if on:
+            _sync(self.dev)
+            self.steps += 1
+            self._t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if not self.on:
+            return
+        _sync(self.dev)
+        now = time.perf_counter()
+        self.ms[name] = self.ms.get(name, 0.0) + (now - self._t) * 1000
+        self._t = now
+
+    def summary(self) -> dict:
+        """Mean milliseconds per timed step, per phase ({} when no step was timed)."""
+        return {k: round(v / self.steps, 2) for k, v in self.ms.items()} if self.steps else {}
+
+
 def _lr_at(step: int, steps: int, warmup: int, lr: float) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -496,6 +526,9 @@ def fit_eagle3(
     t0 = time.perf_counter()
     probe = (3, 13)  # steps timed for train_seconds (the first ones warm up kernels and the allocator)
     t_probe = 0.0
+    # Where a step's time goes, over five steps after the probe (each phase ends in a device sync there,
+    # which would slow the probe's estimate and which the other steps do not pay): what to speed up next.
+    phases, phase_steps = PhaseTimer(dev), (probe[1], probe[1] + 5)
     step = 0
     try:
         while step < steps:
@@ -504,15 +537,19 @@ def fit_eagle3(
                 rng.shuffle(more)
                 order += more
             picked, order = order[:batch], order[batch:]
+            phases.start(phase_steps[0] <= step < phase_steps[1])
             b = make_batch([rows[i] for i in picked]).to(dev)
             lr_now = _lr_at(step, steps, warm, lr)
             for group in opt.param_groups:
                 group["lr"] = lr_now
+            phases.mark("batch")
             with _autocast(target):
                 logits, feats = target_pass(target, b, drafter.feature_layers)
                 teacher = make_teacher(logits, b, drafter.d2t)
                 del logits
+                phases.mark("target_pass")
                 hs = ttt_forward(drafter, b.tokens, feats, ttt_steps, b.positions, b.segments)
+                phases.mark("ttt_forward")
                 loss = torch.zeros((), device=dev)
                 wsum, kls, accs = 0.0, [], []
                 for k, h in enumerate(hs):
@@ -523,10 +560,13 @@ def fit_eagle3(
                     kls.append(float(s.detach()) / max(n, 1))
                     accs.append(c / max(n, 1))
                 loss = loss / max(wsum, 1e-9)  # a weighted mean of the steps' mean KL
+            phases.mark("head_loss")
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            phases.mark("backward")
             gnorm = torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
+            phases.mark("optimizer")
             history.append({"loss": float(loss.detach()), "kl": kls, "acc": accs, "gnorm": float(gnorm)})
             step += 1
             if train_seconds is not None and step in probe:
@@ -581,6 +621,7 @@ def fit_eagle3(
         "first_acc": mean_of(start, "acc"),
         "last_acc": mean_of(tail, "acc"),
         "train_seconds": round(train_s, 1),
+        "step_ms_by_phase": phases.summary(),
         "tokens_per_s": round(len(history) * batch * max_len * data["row_fill"] / max(train_s, 1e-9)),
     }
     summary["last_chain_tau"] = round(chain_tau(summary["last_acc"]), 3)
