@@ -141,3 +141,70 @@ def test_scheduler_serves_under_auto_off_and_reports_decisions():
     assert 'specpilot_speculation_decisions_total{decision="ar"}' in text
     assert "specpilot_predicted_speculation_speedup" in text
     assert "speculation_decisions_total" not in Scheduler(_engine(target, random_drafter)).metrics.render()
+
+
+def _eagle3_pair(V=12):
+    import torch
+
+    from sglang_specpilot.drafters.eagle3 import init_eagle3
+
+    target = tiny_model("tiny-llama", vocab_size=V)
+    torch.manual_seed(0)
+    draft = init_eagle3(target)
+    with torch.no_grad():  # off the warm start, so every weight the K/V depend on matters
+        for n, p in draft.named_parameters():
+            if not n.startswith("embed."):
+                p.add_(torch.randn_like(p) * 0.2)
+    return target, draft
+
+
+def test_eagle3_write_kv_writes_what_the_forward_writes():
+    import torch
+
+    from sglang_specpilot.engine.attn_meta import causal_tree
+    from sglang_specpilot.engine.runner import ModelRunner
+
+    target, draft = _eagle3_pair()
+    B, N = 2, 5
+    toks = torch.randint(0, 12, (B, N), generator=torch.Generator().manual_seed(1))
+    slots = torch.tensor([[3, 4, 5, 6, 7], [10, 11, 12, 13, 14]])
+    g = torch.randn(B, N, target.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    full, kv_only = (ModelRunner(draft, B, 64, cuda_graphs=False, scratch_slots=16) for _ in range(2))
+    anc = causal_tree(N)[0]
+    with torch.inference_mode():  # as the engine runs them
+        full.forward(toks, slots, slots, slots[:, 0], anc, None, g=g)
+        draft.write_kv(toks, slots, slots, kv_only.kv.layers, g=g)
+    (k1, v1), (k2, v2) = full.kv.layers[0], kv_only.kv.layers[0]
+    rows = torch.arange(B)[:, None]
+    assert torch.allclose(k1[rows, slots], k2[rows, slots], atol=1e-6) and k2[rows, slots].abs().sum() > 0
+    assert torch.allclose(v1[rows, slots], v2[rows, slots], atol=1e-6)
+
+
+def test_eagle3_keepup_drafts_as_the_full_keepup_did(monkeypatch):
+    # The AR rounds of automatic off write only the drafter's K/V now; the probes after them must draft
+    # (and get accepted) exactly as with the whole drafter forward the keep-up used to run.
+    import torch
+
+    from sglang_specpilot.engine import draft_tree, keepup_round
+
+    target, draft = _eagle3_pair()
+    ps = prompts([5, 11, 3], 12, seed=4)
+
+    def run():
+        eng = _engine(target, draft, "tree", auto_off=True, auto_off_curve=((1, 1.0, 2.2),), auto_off_probe_every=2)
+        seen, observe = [], eng.policy.observe
+        eng.policy.observe = lambda row, k, kind: (seen.append((row, k, kind)), observe(row, k, kind))
+        ids = _ids(eng, ps, n=40)
+        return ids, seen, eng.policy.decisions, [t.clone() for t in eng.draft_runner.kv.layers[0]]
+
+    ids, seen, decisions, cache = run()
+    assert decisions.get(AR, 0) > 0 and decisions.get(PROBE, 0) > 0  # both kinds of round ran
+
+    def full_keepup(runner, history, seq_len, next_tok, feats, n_prev):
+        draft_tree._eagle_root(runner, history, seq_len, next_tok, feats, n_prev, None)
+
+    monkeypatch.setattr(keepup_round, "eagle_root_kv", full_keepup)
+    ids2, seen2, _, cache2 = run()
+    assert (ids2, seen2) == (ids, seen)
+    # The drafter's cache after the run: every slot the keep-up wrote holds the same K/V.
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(cache, cache2, strict=True))

@@ -99,6 +99,21 @@ class Eagle3Layer(nn.Module):
         h = g + self.attn(a, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
         return h + self.mlp(self.mlp_norm(h))
 
+    def write_kv(self, x2, cos, sin, k_cache, v_cache, batch_idx, slots) -> None:
+        """Only the K/V that ``forward`` writes at ``slots``: the one layer's K/V depend on its input
+        alone, so attention, o_proj and the MLP (most of the layer's weights) are skipped."""
+        a, _ = self.mixed(x2)
+        attn, cfg = self.attn, self.attn.cfg
+        if isinstance(attn.wqkv, nn.Linear):  # the K/V rows of the fused projection, not its q rows
+            bias = None if attn.wqkv.bias is None else attn.wqkv.bias[cfg.q_size :]
+            kv = nn.functional.linear(a, attn.wqkv.weight[cfg.q_size :], bias)
+            qkv = torch.cat([kv.new_zeros(*kv.shape[:-1], cfg.q_size), kv], -1)
+        else:  # another weight format (W12): the whole projection
+            qkv = attn.wqkv(a)
+        _, k, v = attn.split_heads(qkv, cos, sin)
+        k_cache[batch_idx, slots] = k
+        v_cache[batch_idx, slots] = v
+
 
 class FrozenHead(nn.Module):
     """The target's head rows of the draft vocabulary: a non-persistent buffer, so neither trained (no
@@ -177,6 +192,14 @@ class Eagle3Drafter(nn.Module):
         if logit_rows is not None:
             h = h.gather(1, logit_rows[..., None].expand(-1, -1, h.shape[-1]))
         return h
+
+    def write_kv(self, tokens, positions, slots, kv, *, g: torch.Tensor) -> None:
+        """The K/V ``forward`` would write for tokens [B, N] with features g at ``slots``, without the
+        rest of the forward (an AR round keeping the drafter current needs only these)."""
+        x2 = torch.cat([self.embed(tokens), g.to(self.fc.weight.dtype)], -1)
+        cs = self.rope[positions].to(x2.dtype)
+        batch_idx = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+        self.layers[0].write_kv(x2, cs[:, :, 0, None], cs[:, :, 1, None], *kv[0], batch_idx, slots)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [.., draft_vocab] of hidden states h."""

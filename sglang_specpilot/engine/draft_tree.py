@@ -167,13 +167,27 @@ def _eagle_root(runner, history, seq_len, next_tok, feats, n_prev, kv_len) -> to
     """
     drafter = runner.model
     B, W = feats.shape[:2]
+    toks, idx, start = _eagle_window(history, seq_len, next_tok, n_prev, W)
+    anc = _tril(W, str(seq_len.device))
+    h = runner.forward(toks, idx, idx, start, anc, kv_len, g=drafter.project(feats))
+    return h.gather(1, n_prev[:, None, None].expand(B, 1, h.shape[-1]))[:, 0]
+
+
+def eagle_root_kv(runner, history, seq_len, next_tok, feats, n_prev) -> None:
+    """``_eagle_root``'s cache writes alone (the drafter's K/V of the window), for a round that does not
+    expand the tree: an AR round keeping the drafter current (``keepup_round``)."""
+    toks, idx, _ = _eagle_window(history, seq_len, next_tok, n_prev, feats.shape[1])
+    runner.model.write_kv(toks, idx, idx, runner.kv.layers, g=runner.model.project(feats))
+
+
+def _eagle_window(history, seq_len, next_tok, n_prev, W: int):
+    """(tokens, slots, start) of the EAGLE-3 root window: the last round's n accepted tokens, then the
+    root, then padding, W wide (see ``_eagle_root``)."""
     t = torch.arange(W, device=seq_len.device)
     start = seq_len - n_prev  # slot of window entry 0
     idx = (start[:, None] + t).clamp(max=history.shape[1] - 1)
     toks = torch.where(t == n_prev[:, None], next_tok[:, None], history.gather(1, idx))
-    anc = _tril(W, str(seq_len.device))
-    h = runner.forward(toks, idx, idx, start, anc, kv_len, g=drafter.project(feats))
-    return h.gather(1, n_prev[:, None, None].expand(B, 1, h.shape[-1]))[:, 0]
+    return toks, idx, start
 
 
 @functools.cache

@@ -10,7 +10,9 @@ into the drafter at the same position as the target, one extra draft forward of 
                     root step of ``expand_lattice``: slot seq_len - 1 is not valid yet after a round
                     that accepted every draft (its last draft token was never fed)
     EAGLE-3         the drafter's root window of the last round (its accepted tokens and the root, with
-                    their true features) runs, as the next round would have run it; the AR step's target
+                    their true features) writes its K/V, as the next round's root step would have; only
+                    the K/V (``Eagle3Layer.write_kv``: the one layer's K/V depend on its input alone), not
+                    attention, o_proj or the MLP, whose output an AR round never uses. The AR step's target
                     feature becomes window entry 0 of the next round, which accepted nothing (n_prev 0)
     prompt lookup   nothing: it drafts from ``history``, which the AR round writes
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .draft_tree import _eagle_root, _tril
+from .draft_tree import _tril, eagle_root_kv
 from .round import Round, RoundShape, RoundState
 
 
@@ -58,7 +60,7 @@ class KeepUpARRound(Round):
                 nxt[:, None], pos, pos, seq, self._chain_anc, kv_len, feature_layers=self.feature_layers
             )
             logits = logits[:, 0]
-            _eagle_root(self.draft, hist, seq, nxt, st.feats[:b], st.n_prev[:b] * use, kv_len)
+            eagle_root_kv(self.draft, hist, seq, nxt, st.feats[:b], st.n_prev[:b] * use)
             st.feats[:b, 0] = torch.where(use[:, None], f[:, 0].to(st.feats.dtype), st.feats[:b, 0])
         if st.n_prev is not None:  # the next round's window starts at its root (TLV's catch-up too)
             st.n_prev[:b].zero_()
