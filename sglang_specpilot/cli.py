@@ -848,7 +848,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "shapes a SmolLM2 drafter has 14336 whatever this is: up to that, the same cost there")  # fmt: skip
     e.add_argument("--train-seconds", type=float,
                    help="fit --steps to this many seconds of training, timed on the first steps")  # fmt: skip
-    _add_engine_args(d, ("model", "synthetic", "device", "dtype", "max_seq_len"))
+    # --capture-sampling: the sampled answers replay graphs too (they ran eagerly, about 3x slower, on the H200).
+    _add_engine_args(d, ("model", "synthetic", "device", "dtype", "max_seq_len", "capture_sampling"))
 
     s = command("serve", "OpenAI-compatible HTTP server (needs the server extra)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")

@@ -231,6 +231,7 @@ def test_a_wider_mlp_starts_as_the_target_layer_and_round_trips(capsys, tmp_path
         capsys, "train-drafter", "--kind", "eagle3", "--out", str(out), "--prompts", "synthetic:3", "--steps", "3",
         "--batch", "2", "--new-tokens", "8", "--ttt-steps", "2", "--gen-batch", "3", "--max-len", "64",
         "--intermediate", str(2 * units), "--model", "tiny-llama", "--synthetic", "--device", "cpu",
+        "--capture-sampling",
     )  # fmt: skip
     assert rc == 0, res.err
     assert json.loads(res.out.strip().splitlines()[-1])["intermediate_size"] == 2 * units
