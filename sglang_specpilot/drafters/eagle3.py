@@ -103,14 +103,13 @@ class Eagle3Layer(nn.Module):
         """Only the K/V that ``forward`` writes at ``slots``: the one layer's K/V depend on its input
         alone, so attention, o_proj and the MLP (most of the layer's weights) are skipped."""
         a, _ = self.mixed(x2)
-        attn, cfg = self.attn, self.attn.cfg
+        attn, q_size = self.attn, self.attn.cfg.q_size
         if isinstance(attn.wqkv, nn.Linear):  # the K/V rows of the fused projection, not its q rows
-            bias = None if attn.wqkv.bias is None else attn.wqkv.bias[cfg.q_size :]
-            kv = nn.functional.linear(a, attn.wqkv.weight[cfg.q_size :], bias)
-            qkv = torch.cat([kv.new_zeros(*kv.shape[:-1], cfg.q_size), kv], -1)
+            bias = None if attn.wqkv.bias is None else attn.wqkv.bias[q_size:]
+            kv = nn.functional.linear(a, attn.wqkv.weight[q_size:], bias)
         else:  # another weight format (W12): the whole projection
-            qkv = attn.wqkv(a)
-        _, k, v = attn.split_heads(qkv, cos, sin)
+            kv = attn.wqkv(a)[..., q_size:]
+        k, v = attn.kv_heads(kv, cos, sin)
         k_cache[batch_idx, slots] = k
         v_cache[batch_idx, slots] = v
 
@@ -180,11 +179,7 @@ class Eagle3Drafter(nn.Module):
     ) -> torch.Tensor:
         """Hidden states h [B, N, H] (or [B, R, H] with ``logit_rows``) of tokens [B, N] with features
         g [B, N, H]; the cache arguments are a target forward's (``models.llama.Transformer.forward``)."""
-        B = tokens.shape[0]
-        x2 = torch.cat([self.embed(tokens), g.to(self.fc.weight.dtype)], -1)
-        cs = self.rope[positions].to(x2.dtype)
-        cos, sin = cs[:, :, 0, None], cs[:, :, 1, None]
-        batch_idx = torch.arange(B, device=tokens.device)[:, None]
+        x2, cos, sin, batch_idx = self._layer_inputs(tokens, positions, g)
         k_cache, v_cache = kv[0]
         h = (layer_fn or run_block)(
             self.layers[0], x2, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc
@@ -196,10 +191,15 @@ class Eagle3Drafter(nn.Module):
     def write_kv(self, tokens, positions, slots, kv, *, g: torch.Tensor) -> None:
         """The K/V ``forward`` would write for tokens [B, N] with features g at ``slots``, without the
         rest of the forward (an AR round keeping the drafter current needs only these)."""
+        x2, cos, sin, batch_idx = self._layer_inputs(tokens, positions, g)
+        self.layers[0].write_kv(x2, cos, sin, *kv[0], batch_idx, slots)
+
+    def _layer_inputs(self, tokens, positions, g):
+        """(x2 = cat(embedding, g), rope cos, sin, batch index) that the layer reads."""
         x2 = torch.cat([self.embed(tokens), g.to(self.fc.weight.dtype)], -1)
         cs = self.rope[positions].to(x2.dtype)
         batch_idx = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
-        self.layers[0].write_kv(x2, cs[:, :, 0, None], cs[:, :, 1, None], *kv[0], batch_idx, slots)
+        return x2, cs[:, :, 0, None], cs[:, :, 1, None], batch_idx
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [.., draft_vocab] of hidden states h."""

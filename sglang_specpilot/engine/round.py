@@ -385,15 +385,16 @@ class CapturedRound:
         return graphs
 
     def replay(self, b: int) -> None:
-        graphs = self._graphs[b]
-        self._turn = (self._turn + 1) % len(graphs)
-        graphs[self._turn].replay()
+        self._play(self._graphs[b])
 
     def replay_sampled(self, b: int, bs: BatchSampling) -> None:
         graphs, static = self._sampled[(b, bs.needs_filter)]
         static.temperature.copy_(bs.temperature)
         static.top_k.copy_(bs.top_k)
         static.top_p.copy_(bs.top_p)
-        self._turn = (self._turn + 1) % len(graphs)
-        graphs[self._turn].replay()
+        self._play(graphs)
         self.sampled_replays += 1
+
+    def _play(self, graphs: list[torch.cuda.CUDAGraph]) -> None:
+        self._turn = (self._turn + 1) % len(graphs)  # the copies in turn (see the class docstring)
+        graphs[self._turn].replay()

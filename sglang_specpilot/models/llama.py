@@ -67,13 +67,21 @@ class Attention(nn.Module):
         """q [B, N, H, D], k and v [B, N, H_kv, D] of the fused projection's output, norms and rope applied."""
         cfg = self.cfg
         B, N, _ = qkv.shape
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q, kv = qkv.split([cfg.q_size, 2 * cfg.kv_size], dim=-1)
         q = q.view(B, N, cfg.num_heads, cfg.head_dim)
-        k = k.view(B, N, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(B, N, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+            q = self.q_norm(q)
+        return (apply_rope(q, cos, sin), *self.kv_heads(kv, cos, sin))
+
+    def kv_heads(self, kv, cos, sin):
+        """k and v [B, N, H_kv, D] of the fused projection's K/V columns, k's norm and rope applied."""
+        cfg = self.cfg
+        B, N, _ = kv.shape
+        k, v = kv.split(cfg.kv_size, dim=-1)
+        k = k.view(B, N, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            k = self.k_norm(k)
+        return apply_rope(k, cos, sin), v.view(B, N, cfg.num_kv_heads, cfg.head_dim)
 
     def core(self, qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
         # Everything between the two projections (rope, cache write, attention), [B, N, q_size] out; a
