@@ -18,6 +18,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 # Drafting in spec mode without --draft, until a trained drafter ships. Prompt lookup (n-grams up to 3):
 # median 1.58 tokens per round on HumanEval/100-107 (64 greedy tokens, gamma 4, SmolLM2, CPU; acceptance
@@ -612,6 +613,8 @@ TRAIN_ONLY = {
         "train_seconds",
         "head",
         "intermediate",
+        "answers_out",
+        "answers_in",
     ),
 }
 
@@ -632,6 +635,12 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     _positive(args, "intermediate")
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if args.answers_only and not (args.kind == "eagle3" and args.answers_out):
+        raise ValueError("--answers-only needs --kind eagle3 and --answers-out FILE")
+    if args.out is None and not args.answers_only:
+        raise ValueError("--out DIR is required (the drafter folder), unless --answers-only")
+    if args.answers_in and args.answers_out:
+        raise ValueError("--answers-in and --answers-out: the files are already written (merge them with --answers-in)")
     if args.kind == "eagle3":
         return _train_eagle3(args)
     ar, _ = _ar_engine(args, "ar", max_batch=8)
@@ -669,9 +678,13 @@ def _train_eagle3(args: argparse.Namespace) -> int:
     # No torch.compile for answering: every batch size the rows shrink through would compile anew, which
     # costs more than it saves on a few thousand answers (CUDA graphs still replay the decode steps).
     args.compile = False
+    answers_in = [f for f in (args.answers_in or "").split(",") if f]
+    for f in answers_in:  # before the model loads
+        if not Path(f).is_file():
+            raise ValueError(f"--answers-in {f}: no such file")
     ar, _ = _ar_engine(args, "ar", max_batch=args.gen_batch)
     chat = not args.no_chat and not args.synthetic and hasattr(ar.tokenizer, "apply_chat_template")
-    prompts = _prompt_set(args.prompts, ar.target.cfg.vocab_size)
+    prompts = [] if answers_in else _prompt_set(args.prompts, ar.target.cfg.vocab_size)
     summary = train_eagle3(
         ar,
         prompts,
@@ -692,6 +705,9 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         train_seconds=args.train_seconds,
         head=args.head,
         intermediate_size=args.intermediate,
+        answers_in=answers_in or None,
+        answers_out=args.answers_out,
+        answers_only=args.answers_only,
         progress=sys.stderr.isatty(),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
@@ -812,7 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with training-time test (--ttt-steps rollout steps: the tree depths it drafts well).\n"
         "A flag of one kind is refused with the other.",
     )
-    d.add_argument("--out", required=True, help="output folder (loadable with --draft)")
+    d.add_argument("--out", help="output folder (loadable with --draft); not needed with --answers-only")
     d.add_argument(
         "--prompts",
         default="humaneval,offline",
@@ -848,6 +864,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "shapes a SmolLM2 drafter has 14336 whatever this is: up to that, the same cost there")  # fmt: skip
     e.add_argument("--train-seconds", type=float,
                    help="fit --steps to this many seconds of training, timed on the first steps")  # fmt: skip
+    e.add_argument("--answers-out", metavar="FILE",
+                   help="also write the target's answers to FILE, to train on again with --answers-in")  # fmt: skip
+    e.add_argument("--answers-only", action="store_true", help="stop after writing --answers-out (no training)")
+    e.add_argument("--answers-in", metavar="FILE[,FILE...]",
+                   help="train on these answer files (from --answers-out, merged by prompt) instead of answering "
+                   "--prompts")  # fmt: skip
     # --capture-sampling: the sampled answers replay graphs too (they ran eagerly, about 3x slower, on the H200).
     _add_engine_args(d, ("model", "synthetic", "device", "dtype", "max_seq_len", "capture_sampling"))
 

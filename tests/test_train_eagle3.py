@@ -239,3 +239,93 @@ def test_a_wider_mlp_starts_as_the_target_layer_and_round_trips(capsys, tmp_path
     assert marker["layer"]["intermediate_size"] == 2 * units
     loaded = load_eagle3(out, tiny_model("tiny-llama"))
     assert loaded.cfg.intermediate_size == 2 * units and loaded.layers[0].mlp.w13.weight.shape[0] == 4 * units
+
+
+def _cli_args(*extra):
+    return (
+        "train-drafter", "--kind", "eagle3", "--prompts", "synthetic:3", "--steps", "3", "--batch", "2",
+        "--new-tokens", "8", "--ttt-steps", "2", "--gen-batch", "3", "--max-len", "64", "--model", "tiny-llama",
+        "--synthetic", "--device", "cpu", *extra,
+    )  # fmt: skip
+
+
+def test_answers_written_once_train_again_and_merge_by_prompt(capsys, tmp_path):
+    from sglang_specpilot.drafters.answers_file import load_answers
+
+    both, sampled = tmp_path / "a.pt", tmp_path / "s.pt"
+    rc, res = _main(capsys, *_cli_args("--answers-out", str(both), "--answers-only"))
+    assert rc == 0 and both.is_file() and not (tmp_path / "d").exists(), res.err
+    wrote = json.loads(res.out.strip().splitlines()[-1])
+    assert wrote["sequences"] == 6 and wrote["prompts"] == 3 and wrote["meta"]["answers"] == ["greedy", "sampled"]
+    rc, res = _main(capsys, *_cli_args("--answers", "sampled", "--seed", "5", "--answers-out", str(sampled),
+                                       "--out", str(tmp_path / "d1")))  # fmt: skip
+    assert rc == 0 and (tmp_path / "d1" / "specpilot_drafter.json").is_file(), res.err
+    # The same three prompts in both files are three prompts, with three answers each.
+    ident = {k: wrote[k] for k in ("target", "vocab_size", "tokenizer")}
+    assert ident["target"] == tiny_model("tiny-llama").cfg.name and ident["tokenizer"]
+    seqs, ps, described = load_answers([both, sampled], ident)
+    assert len(ps) == 3 and len(seqs) == 9 and [d["file"] for d in described] == ["a.pt", "s.pt"]
+    assert sorted(sum(s.prompt_index == i for s in seqs) for i in range(3)) == [3, 3, 3]
+    first = load_answers([both], ident)[0]
+    again = load_answers([both], ident)[0]
+    assert first == again and {s.answer for s in first} == {"greedy", "sampled"}
+    assert all(s.ids[: s.prompt_len] == tuple(ps[s.prompt_index]) for s in seqs)  # each answer under its prompt
+    # Training on the files answers nothing and records where its data came from.
+    rc, res = _main(capsys, *_cli_args("--answers-in", f"{both},{sampled}", "--out", str(tmp_path / "d2")))
+    assert rc == 0, res.err
+    summary = json.loads(res.out.strip().splitlines()[-1])
+    assert summary["sequences"] == 9 and summary["prompt_count"] == 3 and summary["generate_seconds"] < 5
+    assert [d["file"] for d in summary["answers_from"]] == ["a.pt", "s.pt"]
+    assert summary["answers_from"][1]["seed"] == 5 and summary["answers"] == ["greedy", "sampled"]
+
+
+def test_bad_answer_files_get_one_line(capsys, tmp_path):
+    import torch as T
+
+    from sglang_specpilot.drafters.answers_file import load_answers
+
+    good = tmp_path / "a.pt"
+    rc, res = _main(capsys, *_cli_args("--answers-out", str(good), "--answers-only"))
+    assert rc == 0, res.err
+    ident = {
+        k: v
+        for k, v in json.loads(res.out.strip().splitlines()[-1]).items()
+        if k in ("target", "vocab_size", "tokenizer")
+    }
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a torch file")
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[:100])
+    blob = T.load(good, weights_only=True)
+    blob["lengths"][0] += 1
+    damaged = tmp_path / "damaged.pt"
+    T.save(blob, damaged)
+    cases = [
+        (["--answers-in", str(tmp_path / "none.pt"), "--out", "/tmp/never"], "no such file"),
+        (["--answers-in", str(junk), "--out", "/tmp/never"], "not a readable answers file"),
+        (["--answers-in", str(cut), "--out", "/tmp/never"], "not a readable answers file"),
+        (["--answers-in", str(damaged), "--out", "/tmp/never"], "disagree"),
+        (["--answers-only"], "--answers-only needs"),
+        ([], "--out DIR is required"),
+        (
+            ["--answers-in", str(good), "--answers-out", str(tmp_path / "b.pt"), "--out", "/tmp/never"],
+            "already written",
+        ),
+    ]
+    for extra, needle in cases:
+        rc, out = _main(capsys, *_cli_args(*extra))
+        assert rc == 2 and needle in out.err and out.err.count("\n") == 1, (extra, out.err)
+    other = {**ident, "target": "another model"}
+    with pytest.raises(ValueError, match="answers of another target"):
+        load_answers([good], other)
+    # A file cannot smuggle evaluation text in: its prompts are checked again.
+    blob = T.load(good, weights_only=True)
+    from sglang_specpilot.drafters.train import evaluation_texts, mtbench_turn1_prompts
+
+    if not evaluation_texts():
+        pytest.skip("the MT-Bench package is not installed here: nothing to refuse")
+    blob["prompts"][0] = mtbench_turn1_prompts()[0]
+    evil = tmp_path / "evil.pt"
+    T.save(blob, evil)
+    with pytest.raises(ValueError, match="MT-Bench"):
+        load_answers([evil], ident)

@@ -643,28 +643,60 @@ def train_eagle3(
     seed: int = 0,
     gen_batch: int | None = None,
     sources: str | None = None,
+    answers_in: list | None = None,
+    answers_out: str | Path | None = None,
+    answers_only: bool = False,
     log=print,
     **fit,
 ) -> dict:
     """Generate the target's answers with ``engine`` (AR), train an EAGLE-3 drafter on them
     (``fit_eagle3``'s keyword arguments), save it to ``out_dir``. Returns the summary that the folder's
-    marker also carries (under ``"training"``), plus ``out``."""
-    check_training_prompts(prompts)  # before anything runs: never evaluation text
+    marker also carries (under ``"training"``), plus ``out``.
+
+    ``answers_in``: answer files (``drafters.answers_file``) to train on instead of answering ``prompts``;
+    ``answers_out``: write the answers made here to that file; ``answers_only``: stop after writing it
+    (returns the file's description)."""
+    from .answers_file import load_answers, save_answers, target_identity
+
+    identity = target_identity(engine)
     t0 = time.perf_counter()
-    seqs = make_answers(engine, prompts, new_tokens, chat, answers, temperature, seed, gen_batch, log)
+    answered_by: list[dict] | None = None
+    if answers_in:
+        seqs, prompts, answered_by = load_answers(answers_in, identity)
+        answers = tuple(k for k in ANSWER_KINDS if any(s.answer == k for s in seqs))
+        temps = {d.get("answer_temperature") for d in answered_by} - {None}
+        temperature = temps.pop() if len(temps) == 1 else None
+        new_tokens = max(int(d.get("new_tokens", new_tokens)) for d in answered_by)
+        chat = all(d.get("chat", chat) for d in answered_by)
+        sources = " + ".join(f"{d['file']} ({d.get('prompts', '?')})" for d in answered_by)
+        log(f"{len(seqs)} target answers to {len(prompts)} prompts from {len(answers_in)} file(s)")
+    else:
+        check_training_prompts(prompts)  # before anything runs: never evaluation text
+        seqs = make_answers(engine, prompts, new_tokens, chat, answers, temperature, seed, gen_batch, log)
+        log(f"{len(seqs)} target answers to {len(prompts)} prompts in {time.perf_counter() - t0:.1f}s")
     gen_s = time.perf_counter() - t0
-    log(f"{len(seqs)} target answers to {len(prompts)} prompts in {gen_s:.1f}s")
-    drafter, summary = fit_eagle3(engine.target, seqs, seed=seed, log=log, **fit)
-    dev = engine.target.embed.weight.device
-    meta = {
-        "trainer": "train_eagle3",
-        "target": engine.target.cfg.name,
+    made = {
         "prompts": sources if sources is not None else f"{len(prompts)} given",
         "prompt_count": len(prompts),
         "answers": list(answers),
         "answer_temperature": temperature if "sampled" in answers else None,
         "new_tokens": new_tokens,
         "chat": chat,
+        "seed": seed,
+        "generate_seconds": round(gen_s, 1),
+    }
+    if answers_out is not None:
+        wrote = save_answers(answers_out, seqs, prompts, identity, made)
+        log(f"answers written to {answers_out}")
+        if answers_only:
+            return wrote
+    drafter, summary = fit_eagle3(engine.target, seqs, seed=seed, log=log, **fit)
+    dev = engine.target.embed.weight.device
+    meta = {
+        "trainer": "train_eagle3",
+        "target": engine.target.cfg.name,
+        **{k: v for k, v in made.items() if k != "generate_seconds"},
+        **({"answers_from": answered_by} if answered_by is not None else {}),
         **summary,
         "generate_seconds": round(gen_s, 1),
         "total_seconds": round(time.perf_counter() - t0, 1),

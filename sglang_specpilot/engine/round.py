@@ -361,6 +361,10 @@ class CapturedRound:
     def _record(self, b: int, bs: BatchSampling) -> list[torch.cuda.CUDAGraph]:
         st = self.state
         saved = [t[:b].clone() for t in st.row_tensors()]
+        # The warm-up runs below draw from the generator; a sampled graph captured on first use, mid-request,
+        # would otherwise shift that request's numbers (the H200 test of one seed, eager against graphed,
+        # failed so with top-p 0.9). Capture itself advances nothing: replays advance the offset.
+        rng = None if bs.all_greedy or bs.generator is None else bs.generator.get_state()
         try:
             st.seq_len[:b] = self.park_at
             st.in_use[:b] = False
@@ -382,6 +386,8 @@ class CapturedRound:
         finally:  # a capture that fails (sampled ones are new) must not leave live rows parked
             for t, v in zip(st.row_tensors(), saved, strict=True):
                 t[:b].copy_(v)
+            if rng is not None:
+                bs.generator.set_state(rng)
         return graphs
 
     def replay(self, b: int) -> None:
