@@ -9,7 +9,7 @@ Format (``torch.save`` of plain tensors, lists and strings, read back with ``wei
 ``format``, ``target`` (the model's name), ``vocab_size``, ``tokenizer`` (its fingerprint, or None),
 ``prompts`` (the prompt texts, or token-id lists for synthetic prompts), ``meta`` (how they were made),
 and per sequence ``lengths``, ``prompt_len``, ``prompt_index``, ``answer`` (0 greedy, 1 sampled) with all
-token ids concatenated in ``ids`` (int32).
+token ids concatenated in ``ids`` (uint16 for vocabularies up to 65,536, else int32).
 
 Loading checks the format and that every file answers the same target (name, vocabulary, tokenizer), and
 refuses evaluation text again (``check_training_prompts``): a file is data from outside the run. Files
@@ -51,7 +51,11 @@ def save_answers(path: str | os.PathLike, seqs: list, prompts: list, identity: d
         **identity,
         "prompts": [p if isinstance(p, str) else [int(t) for t in p] for p in prompts],
         "meta": dict(meta),
-        "ids": torch.tensor([t for s in seqs for t in s.ids], dtype=torch.int32),
+        # uint16 where the vocabulary fits (SmolLM2's 49,152 does): half the bytes, so 16k prompts' greedy
+        # and sampled answers (~10M tokens) fit one 16 MiB file back from the device.
+        "ids": torch.tensor([t for s in seqs for t in s.ids], dtype=torch.int32).to(
+            torch.uint16 if identity["vocab_size"] <= 65536 else torch.int32
+        ),
         "lengths": torch.tensor([len(s.ids) for s in seqs], dtype=torch.int32),
         "prompt_len": torch.tensor([s.prompt_len for s in seqs], dtype=torch.int32),
         "prompt_index": torch.tensor([s.prompt_index for s in seqs], dtype=torch.int32),
@@ -109,7 +113,7 @@ def load_answers(paths: list[str | os.PathLike], identity: dict) -> tuple[list, 
                 where[key] = len(prompts)
                 prompts.append(q)
             remap.append(where[key])
-        ids = blob["ids"].tolist()
+        ids = blob["ids"].to(torch.int32).tolist()
         at = 0
         cols = zip(blob["lengths"].tolist(), blob["prompt_len"].tolist(), blob["prompt_index"].tolist(),
                    blob["answer"].tolist(), strict=True)  # fmt: skip
