@@ -307,7 +307,7 @@ def test_larger_batches_measure_and_consider_smaller_trees(monkeypatch, tmp_path
     small = next(r for r in run.out["rows"] if r["case"] == "tune.small_trees")["tree"]
     assert [r["config"]["budget"] for r in small] == [8, 4] and all(r["tau"] for r in small)
     bs16 = next(r for r in run.out["rows"] if r["case"] == "tune.bs16")
-    assert [r["config"]["budget"] for r in bs16["by_cost_model"] if r["system"] == "trees"] == [32, 8, 4]
+    assert [r["config"]["budget"] for r in bs16["by_cost_model"] if r["system"] == "trees"] == [4, 8, 32]
     # S at 16: N 32 3.0 / (16.3 / 5.05) = 0.93, N 8 2.4 / (7.9 / 5.05) = 1.53, N 4 1.9 / (6.5 / 5.05) = 1.48.
     assert run.selected[16]["trees"] == tree(8, 3, 8) == run.selected[16]["w12"] and "fallback_ar" not in bs16
     assert run.out["selection"]["16"]["trees"] == "tree N=8 D=3 K=8"
@@ -401,3 +401,24 @@ def test_past_the_deadline_parts_are_skipped_and_listed(folders, tmp_path):
     doc = json.loads(run_suite("e2e", [*argv, "--deadline-s", "0"]).read_text())
     assert [s["part"] for s in doc["skipped"]] == ["bs1", "bs2"]
     assert not [c for c in doc["table"] if "status" not in c] and doc["metrics"] == {"tlv_built": 0}
+
+
+def test_where_a_chain_beats_every_tree_the_trees_run_it(monkeypatch, tmp_path):
+    # The H200's batch 4 (62be095): tree N 64 ran at 0.99x AR while stock's gamma 3 ran at 1.15x. With
+    # planted round times 3x the H200's for trees at batch 4, the chain's S is the best there; at batch 1
+    # the tree still wins and TLV keeps a tree.
+    def rms(cfg, b):
+        return _h200_round_ms(cfg, b, 3.0 if b > 1 and cfg["kind"] == "tree" else 1.0)
+
+    argv = ["--batches", "1,4", "--gammas", "3", "--tree-grid", "32:3:8", "--systems", "ar,stock,trees,tlv"]
+    run, _ = _planted_run(monkeypatch, tmp_path, argv, lambda c: 2.0 if c["kind"] == "chain" else 2.6, rms)
+    run.sweep([[1, 2]], 100)
+    row = next(r for r in run.out["rows"] if r["case"] == "tune.bs4")
+    assert run.selected[1]["trees"]["kind"] == "tree"
+    assert (
+        run.selected[4]["trees"] == run.selected[4]["stock"] == chain(3) and row["trees_run_chain"] == "chain gamma=3"
+    )
+    assert run.selected[4]["tlv"]["kind"] == "tree" and run.selected[4]["tlv"]["tlv"]
+    assert "fallback_ar" not in row and run.out["selection"]["4"]["trees"] == "chain gamma=3"
+    # Each system scored at least two candidates although the batch's share of the budget was short.
+    assert sum(r["system"] == "trees" and "skipped" not in r for r in row["by_cost_model"]) >= 2

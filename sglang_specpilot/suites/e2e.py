@@ -32,8 +32,12 @@ per batch by the cost model: S = tau / c with tau from the batch-1 sweep (greedy
 the batch) and c = the candidate's round time at that batch / AR's step time there. The tree candidates
 are the measured grid budgets at the batch-1 (D, K) plus N 8 and 4 below the batch-1 N (D capped to N;
 ``e2e_configs.SMALL_BUDGETS``): their tau is measured by the same short batch-1 run, only when a batch > 1
-is asked for, nearest budget first, inside what is left of the budget. ``--tune-budget-s`` bounds the
-sweep (configs left are reported as skipped).
+is asked for, nearest budget first, inside what is left of the budget. At each larger batch the trees
+are scored smallest budget first and the chains nearest below the batch-1 gamma, each batch taking an
+equal share of the budget left (at least two candidates per system). A chain is a tree with top-k 1, so
+where stock's best chain is predicted above every tree, the ``trees`` system runs that chain at that
+batch (its ``tune.bs{B}`` row says ``trees_run_chain``). ``--tune-budget-s`` bounds the sweep (configs
+left are reported as skipped).
 
 Auto-off (``--fallback-ar``, the default; ``--no-fallback-ar`` keeps the best tree whatever it is
 predicted): at a batch > 1 where no tree candidate and no stock gamma is predicted S > 1, SpecPilot
@@ -458,15 +462,18 @@ class _Run(RunLog):
                 if config_key(c) not in measured
             ]
             self.out["rows"].append({"case": "tune.small_trees", "tree": small})
-        for b in larger:
+        for i, b in enumerate(larger):
             pick = dict(pick1)
-            # Trees first (a tree that pays at batch 1 can cost most at 16), then chains; within each, the
-            # batch-1 choice, then shorter ones nearest first (a wider batch favours narrower verifies),
-            # then longer ones, so a budget cut keeps the likeliest candidates.
+            # Each batch gets an equal share of what is left: on the H200 (62be095) batch 16 came first
+            # and spent it all on N 64 and 32 (28 and 17 ms rounds), so batch 4 scored one tree only.
+            b_deadline = time.perf_counter() + max(0.0, deadline - time.perf_counter()) / (len(larger) - i)
+            # Trees first, smallest budget first (a wider batch favours narrower verifies: at batch 16 N 32
+            # cost 16.8 ms against AR's 5.0), then chains nearest below the batch-1 gamma, so a budget cut
+            # keeps the likeliest candidates.
             cand = {}
             if b_tree:
                 recs = [r for r in tree_records if _same_dk(r["config"], b_tree["config"])] + small
-                cand["trees"] = _nearest_below([r for r in recs if r.get("tau")], "budget", b_tree["config"]["budget"])
+                cand["trees"] = sorted([r for r in recs if r.get("tau")], key=lambda r: r["config"]["budget"])
             if b_chain:
                 recs = [r for r in chain_records if r.get("tau")]
                 cand["stock"] = _nearest_below(recs, "gamma", b_chain["config"]["gamma"])
@@ -474,7 +481,7 @@ class _Run(RunLog):
             for system, recs in cand.items():
                 scored = []
                 for r in recs:
-                    if time.perf_counter() > deadline and scored:
+                    if time.perf_counter() > b_deadline and len(scored) >= 2:
                         rows.append({"system": system, "config": r["config"], "skipped": "tune budget spent"})
                         continue
                     try:
@@ -489,14 +496,22 @@ class _Run(RunLog):
                 if scored:
                     top[system] = max(scored, key=lambda x: x[0])
                     pick[system] = top[system][1]
+            row = {"case": f"tune.bs{b}", "by_cost_model": rows}
+            # A chain is a tree with top-k 1: where a chain is predicted to beat every tree at this batch,
+            # SpecPilot's trees run that chain (H200, 62be095, batch 4: N 64 ran at 0.99x AR while stock's
+            # gamma 3 ran at 1.15x).
+            if "trees" in top and "stock" in top and top["stock"][0] > top["trees"][0]:
+                row["trees_run_chain"] = config_label(top["stock"][1])
+                top["trees"] = top["stock"]
+                pick["trees"] = top["stock"][1]
             if "trees" in pick:
                 pick["w12"] = pick["trees"]
-                pick["tlv"] = with_tlv(pick["trees"], a.tlv_chain_len)
+                if pick["trees"]["kind"] == "tree":  # else TLV keeps its batch-1 tree
+                    pick["tlv"] = with_tlv(pick["trees"], a.tlv_chain_len)
             # Nothing speculative predicted to beat AR (no tree, nor stock's best chain): SpecPilot's trees
             # switch themselves off at this batch and run as AR, so the headline is what SpecPilot would do
             # (H200, batch 16: N 32 ran at 0.54x AR). Stock keeps its gamma (stock has no auto-off); W12
             # and TLV keep the tree (their own round times are not the BF16 trees' the prediction used).
-            row = {"case": f"tune.bs{b}", "by_cost_model": rows}
             if a.fallback_ar and "trees" in top and all(sp < 1 for sp, _ in top.values()):
                 what = "tree or chain" if "stock" in top else "tree"
                 pick["trees"] = fallback_ar(
