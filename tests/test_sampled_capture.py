@@ -27,10 +27,12 @@ def _engine(target, draft, shape, device="cuda", **kw):
     return Engine(target, WordTokenizer(), opts, draft if shape != "ar" else None)
 
 
-def test_option_defaults_off_and_the_flag_turns_it_on():
-    assert EngineOptions(device="cpu").capture_sampling is False
-    args = build_parser().parse_args(["generate", "--prompt", "x", "--capture-sampling", "--device", "cpu"])
+def test_option_defaults_on_and_the_flag_turns_it_off():
+    assert EngineOptions(device="cpu").capture_sampling is True
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--device", "cpu"])
     assert engine_options(args).capture_sampling is True
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--no-capture-sampling", "--device", "cpu"])
+    assert engine_options(args).capture_sampling is False
 
 
 class _Refusing:
@@ -54,7 +56,7 @@ def test_a_failed_sampled_capture_is_recorded_and_not_retried():
     cap = _Refusing()
     assert not eng._sampled_graph(cap, 2, bs) and not eng._sampled_graph(cap, 2, bs)
     assert cap.attempts == 1 and "stream is capturing" in next(iter(eng.sampled_refused.values()))
-    off = _engine(target, target.truncated(1), "chain", device="cpu")
+    off = _engine(target, target.truncated(1), "chain", device="cpu", capture_sampling=False)
     assert not off._sampled_graph(cap, 2, bs) and cap.attempts == 1  # the option off: never tried
 
 
@@ -80,7 +82,7 @@ def test_sampling_runs_on_the_cpu_with_the_option():
     ps = prompts([5, 9], target.cfg.vocab_size, seed=2)
     p = SamplingParams(max_new_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
     on = _engine(target, target.truncated(2), "tree", device="cpu", capture_sampling=True)
-    off = _engine(target, target.truncated(2), "tree", device="cpu")
+    off = _engine(target, target.truncated(2), "tree", device="cpu", capture_sampling=False)
     assert [r.token_ids for r in on.generate(ps, p)] == [r.token_ids for r in off.generate(ps, p)]
 
 
@@ -98,7 +100,7 @@ def test_captured_sampled_rounds_equal_eager_from_the_same_seed_gpu(shape, top_p
     draft = target.truncated(2)
     ps = prompts([5, 17, 9], target.cfg.vocab_size, seed=1)
     p = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=top_p, seed=7, ignore_eos=True)
-    eager = _engine(target, draft, shape)
+    eager = _engine(target, draft, shape, capture_sampling=False)
     eager.warmup(progress=False)
     graphed = _engine(target, draft, shape, capture_sampling=True)
     graphed.warmup(progress=False)

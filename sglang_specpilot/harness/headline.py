@@ -68,14 +68,14 @@ HEADLINES: tuple[Headline, ...] = (
         "e2e_bs4_16_h200.json",
         LIFTED_8B,
         "4",
-        "e2e: SpecPilot trees vs AR (batch-1 tree pick), same prompts, separate run from batch 1",
+        "e2e: SpecPilot trees vs AR (N, gamma chosen again at this batch by the cost model), separate run from batch 1",
         lambda m: _tokens_vs(m["e2e_trees_tok_s_bs4"], m["e2e_ar_tok_s_bs4"], m["e2e_speedup_vs_ar_bs4"]),
     ),
     Headline(
         "e2e_bs4_16_h200.json",
         LIFTED_8B,
         "16",
-        "e2e: SpecPilot trees vs AR (the batch-1 tree N 32 was the only candidate: a loss)",
+        "e2e: SpecPilot trees vs AR (same run as batch 4; small trees chosen at this batch)",
         lambda m: _tokens_vs(m["e2e_trees_tok_s_bs16"], m["e2e_ar_tok_s_bs16"], m["e2e_speedup_vs_ar_bs16"]),
     ),
     Headline(
