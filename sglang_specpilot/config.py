@@ -95,7 +95,9 @@ class EngineOptions:
         gamma 16. Empty (the default): every round drafts the configured depth.
     shared_budget : tree rounds: one verify-node budget shared by all rows of a round (``engine.shared_budget``):
         nodes go to the rows whose next nodes have the highest path probability, each row at most
-        ``tree_budget``. None (the default): every row verifies ``tree_budget`` nodes.
+        ``tree_budget``; at a batch bucket whose rows would exceed it the round verifies fewer nodes per row
+        (``round_kinds.width_for``: N, N/2, ... down to 4, each a round kind). None (the default): every row
+        verifies ``tree_budget`` nodes.
     prompt_admission : prompt tokens a round may carry in its target forward (``engine.admission``): a prompt
         that arrives while rows are running and fits is prefilled inside the next round's verify pass (one
         read of the weights for both) instead of a separate prefill that holds the running rows back; at most

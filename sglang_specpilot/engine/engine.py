@@ -33,7 +33,7 @@ from ..models.llama import Transformer
 from .attn_meta import causal_tree
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
-from .round_kinds import SpecPolicy, alternate_rounds
+from .round_kinds import SpecPolicy, alternate_rounds, kinds_at
 from .rows import RowBatch
 from .runner import ModelRunner
 from .sampling import BatchSampling, SamplingParams
@@ -141,8 +141,8 @@ class Engine:
         self.captured = None
         if self.target_runner.use_graphs and self.round.capturable:
             self.captured = CapturedRound(self.round, self.state, park_at=options.max_seq_len)
-        # Other round kinds (automatic off's AR round, adaptive depths) and the policy choosing among them:
-        # none with default options.
+        # Other round kinds (automatic off's AR round, adaptive depths, the shared budget's narrower verify
+        # blocks) and the policy choosing among them: none with default options.
         self.kinds = alternate_rounds(self)
         self.kinds_captured = {
             k: CapturedRound(r, self.state, park_at=options.max_seq_len)
@@ -258,12 +258,13 @@ class Engine:
             )
             bs = BatchSampling.from_params([SamplingParams()] * b, self.device)
             self.captured.capture(b, bs)
-            for cap in self.kinds_captured.values():
+            here = [self.kinds_captured[k] for k in kinds_at(self, b) if k in self.kinds_captured]
+            for cap in here:
                 cap.capture(b, bs)
             if self.options.capture_sampling:  # sampled rounds without top-k/top-p (those: on first use)
                 params = [SamplingParams(temperature=1.0)] * b
                 sampled = BatchSampling.from_params(params, self.device, self.batch.generator)
-                for cap in (self.captured, *self.kinds_captured.values()):
+                for cap in (self.captured, *here):
                     self._sampled_graph(cap, b, sampled)
             if self.carrying is not None:
                 self._warm_carrying(b, bs)
@@ -286,7 +287,7 @@ class Engine:
         from .admission import rider_widths
 
         for w in rider_widths(self.options.prompt_admission, self.target_runner.scratch):
-            for kind in (None, *self.kinds_captured):
+            for kind in (None, *(k for k in kinds_at(self, b) if k in self.kinds_captured)):
                 self.carrying.capture((kind, b, w), self.round if kind is None else self.kinds[kind], bs)
 
     @torch.inference_mode()
@@ -296,7 +297,8 @@ class Engine:
         for b in ladder:
             curve.add("spec", b, measure(lambda b=b: self.captured.replay(b)))
             for key, cap in self.kinds_captured.items():
-                curve.add(key, b, measure(lambda b=b, cap=cap: cap.replay(b)))
+                if b in cap:  # narrowed kinds: only at the buckets that run them
+                    curve.add(key, b, measure(lambda b=b, cap=cap: cap.replay(b)))
         log.info("step curve (ms by kind and rows): %s", curve.as_dict())
         return curve
 

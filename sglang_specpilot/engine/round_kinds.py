@@ -5,8 +5,19 @@ one per step.
     d (int)   the speculative round of draft depth d < the engine's depth (adaptive draft length); the
               engine's own round is the deepest, so the state, scratch slots and reserved positions it
               was sized for hold every kind
+    (d, w)    the tree round of depth d with a verify block of w < its budget nodes (the shared node
+              budget's width at wide batches: ``width_for``)
 
 None of them exists with default options: the engine then runs its one round, as before.
+
+Why narrower rounds. The shared node budget chooses which nodes a batch verifies, but a captured round's
+verify block keeps its static width, so padding costs what nodes cost: on the H200 (lifted 8B, 16
+clients, 1ff0900) the server's N 32 tree round took 17.3 ms against AR's 5.2, automatic off ran most
+rounds as AR, and the server served 0.86x AR. The e2e sweep at the same batch predicted N 8 (D 3) best
+(S 1.52; N 32: 0.82) and measured it at 1.07x AR. So with a shared budget the round at bucket b verifies
+``width_for(N, budget, b)`` nodes per row: the widest of N, N/2, N/4, ... (at least ``MIN_WIDTH``) whose
+b rows fit the budget. Each (depth, width) is a round kind with its own graphs, captured at warm-up only
+at the buckets that use it.
 """
 
 from __future__ import annotations
@@ -30,6 +41,37 @@ def depth_shape(shape: RoundShape, depth: int) -> RoundShape:
     return replace(shape, depth=depth, budget=min(shape.budget, tree_candidates(depth, shape.top_k)))
 
 
+# The narrowest verify block a shared budget cuts a row's tree to. On the H200 (lifted 8B, 16 rows) N 4
+# scored S 1.41 against N 8's 1.52 in the e2e sweep: below that a tree is a short chain with a sibling.
+MIN_WIDTH = 4
+
+
+def width_for(budget: int, shared: int | None, b: int) -> int:
+    """Verify nodes per row of a tree round of ``budget`` nodes at bucket ``b`` under the shared budget
+    ``shared``: the widest of budget, budget / 2, ... (never below MIN_WIDTH, nor above ``budget``) whose
+    ``b`` rows fit ``shared``. Without a shared budget: ``budget``."""
+    w = budget
+    if shared is None:
+        return w
+    while w > MIN_WIDTH and b * w > shared:
+        w = max(MIN_WIDTH, w // 2)
+    return w
+
+
+def widths_below(budget: int) -> list[int]:
+    """Every width ``width_for`` can cut ``budget`` to, below it."""
+    out, w = [], budget
+    while w > MIN_WIDTH:
+        w = max(MIN_WIDTH, w // 2)
+        out.append(w)
+    return out
+
+
+def width_shape(shape: RoundShape, w: int) -> RoundShape:
+    """``shape`` verifying ``w`` nodes (a tree of w nodes reaches at most depth w)."""
+    return replace(shape, budget=w, depth=min(shape.depth, w))
+
+
 def alternate_rounds(engine) -> dict:
     opts: EngineOptions = engine.options
     main: Round = engine.round
@@ -38,10 +80,33 @@ def alternate_rounds(engine) -> dict:
         return kinds
     if opts.auto_off:
         kinds["ar"] = KeepUpARRound(main)
+    shapes = {main.shape.depth: main.shape}
     for d in opts.adaptive_depths:
         if d < main.shape.depth:
-            kinds[d] = Round(main.target, main.draft, main.ngram, depth_shape(main.shape, d))
+            shapes[d] = depth_shape(main.shape, d)
+            kinds[d] = Round(main.target, main.draft, main.ngram, shapes[d])
+    if opts.shared_budget is not None and not main.shape.chain:
+        for d, shape in shapes.items():
+            for w in widths_below(shape.budget):
+                kinds[(d, w)] = Round(main.target, main.draft, main.ngram, width_shape(shape, w))
     return kinds
+
+
+def kind_key(engine, depth: int, b: int):
+    """The round kind of ``depth`` at bucket ``b``: None (the engine's own round), d, or (d, w)."""
+    main = engine.round.shape
+    key = None if depth == main.depth else depth
+    budget = main.budget if key is None else engine.kinds[key].shape.budget
+    w = width_for(budget, engine.options.shared_budget, b)
+    return key if w >= budget or main.chain else (depth, w)
+
+
+def kinds_at(engine, b: int) -> list:
+    """The kinds a batch of bucket ``b`` may run: what warm-up captures there (every kind but the narrowed
+    ones, which only their buckets use)."""
+    depths = {engine.round.shape.depth} | {k for k in engine.kinds if isinstance(k, int)}
+    used = {kind_key(engine, d, b) for d in depths}
+    return [k for k in engine.kinds if not isinstance(k, tuple) or k in used]
 
 
 class SpecPolicy:
@@ -52,6 +117,7 @@ class SpecPolicy:
 
     def __init__(self, engine, curve: StepCurve | None):
         opts = engine.options
+        self.engine = engine
         self.main_depth = engine.round.shape.depth
         self.depths = tuple(sorted({d for d in opts.adaptive_depths if d < self.main_depth} | {self.main_depth}))
         self.adaptive = len(self.depths) > 1
@@ -61,6 +127,7 @@ class SpecPolicy:
         self.depth_rounds: dict[int, int] = {}  # adaptive length: rounds run at each depth
         self.shared = opts.shared_budget is not None
         self.shared_rounds = 0  # rounds run under the shared node budget (``shared_budget``)
+        self.width_rounds: dict[int, int] = {}  # narrowed verify blocks: rounds run at each width
         self._depth: int | None = None
 
     @property
@@ -71,7 +138,7 @@ class SpecPolicy:
         depth = self.main_depth
         if self.adaptive:
             depth = batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
-        key = None if depth == self.main_depth else depth
+        key = kind_key(self.engine, depth, b)
         if self.auto_off is not None:
             kind = "spec" if key is None else key
             decision = self.auto_off.decide([self.acc.tokens[r] for r in rows], b, kind)
@@ -79,13 +146,18 @@ class SpecPolicy:
             if decision == AR:
                 return "ar"
             if decision == PROBE:  # a probe measures at full depth: what the drafter can do now
-                depth, key = self.main_depth, None
+                depth = self.main_depth
+                key = kind_key(self.engine, depth, b)
         self._depth = depth
+        if isinstance(key, tuple):
+            self.width_rounds[key[1]] = self.width_rounds.get(key[1], 0) + 1
         self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
         self.shared_rounds += self.shared
         return key
 
     def depth_of(self, key) -> int:
+        if isinstance(key, tuple):  # a narrowed round: its width may cap its depth
+            return self.engine.kinds[key].shape.depth
         return self.main_depth if key is None else (0 if key == "ar" else key)
 
     def observe(self, row: int, tokens: int, key) -> None:

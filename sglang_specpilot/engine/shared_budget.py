@@ -8,10 +8,11 @@ a prefix: a tree. Nodes that are not taken stay in the verify block as padding (
 accepted), which keeps the block's static width ``tree_budget`` (one captured graph per bucket); rows not
 in use take no nodes. A row's share is at most ``tree_budget`` (its list's length).
 
-The verify cost does not fall with the padding in this dense layout; what the budget buys is the
+The verify cost does not fall with the padding inside one block; what the selection buys is the
 ordering: where a batch's total is tight, the nodes most likely to be accepted are verified first, and
-the acceptance of the others is given up knowingly. Sizing the budget to the flat stretch of the target's
-verify cost curve, and a verify block that packs only the taken nodes, are what turn that into time.
+the acceptance of the others is given up knowingly. What turns the budget into time is the block's width:
+at a batch bucket whose rows would exceed the budget, the engine runs a narrower round kind (N / 2, N / 4,
+... nodes per row; ``round_kinds.width_for``), inside which this selection still applies.
 """
 
 from __future__ import annotations

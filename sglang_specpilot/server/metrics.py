@@ -69,6 +69,7 @@ class Metrics:
         self.depth_rounds: dict[int, int] = {}
         self.predicted_speedup: float | None = None
         self.shared_budget_rounds = 0
+        self.width_rounds: dict[int, int] = {}
         self.adaptive_depth = False
         self.admissions: dict[str, int] | None = None  # prompt admission's decisions (None: off)
         self.colocate: tuple[dict[str, int], bool] | None = None  # co-location: rounds by strategy, latest's
@@ -105,6 +106,7 @@ class Metrics:
             if policy is not None:
                 self.spec_decisions, self.depth_rounds = dict(policy.decisions), dict(policy.depth_rounds)
                 self.shared_budget_rounds, self.adaptive_depth = policy.shared_rounds, policy.adaptive
+                self.width_rounds = dict(policy.width_rounds)
                 if policy.auto_off is not None:
                     self.predicted_speedup = policy.auto_off.last_speedup
 
@@ -170,6 +172,13 @@ class Metrics:
                 "counter",
                 "Shared node budget: tree rounds whose verify nodes were shared across the batch.",
                 [({}, self.shared_budget_rounds)],
+            ))  # fmt: skip
+        if self.width_rounds:
+            rows.append((
+                "narrowed_verify_rounds_total",
+                "counter",
+                "Shared node budget: tree rounds whose verify block was cut to fit the budget, by nodes per row.",
+                [({"width": str(k)}, v) for k, v in sorted(self.width_rounds.items())],
             ))  # fmt: skip
         if self.admissions is not None:
             rows.append((

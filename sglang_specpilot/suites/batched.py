@@ -59,7 +59,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=3, help="stock chain length")
     p.add_argument("--tree", default="32,6,8", help="SpecPilot trees: budget N, depth D, top-k K")
     p.add_argument("--adaptive-depths", default="3,4", help="specpilot_batched: shallower depths a batch may run")
-    p.add_argument("--shared-budget", type=int, default=256, help="specpilot_batched: verify nodes per round")
+    # 128: 8 nodes a row at 16 rows, where the e2e sweep (H200, 1ff0900) predicted and measured N 8 best
+    # (1.07x AR; the N 32 round, 17.3 ms against AR's 5.2, lost); N 32 up to 4 rows.
+    p.add_argument("--shared-budget", type=int, default=128, help="specpilot_batched: verify nodes per round")
     p.add_argument("--prompt-admission", type=int, default=256, help="specpilot_batched: prompt tokens per round")
     add_model_args(p)
     p.add_argument("--deadline-s", type=float, default=480.0, help="seconds after which no new part starts")
@@ -295,7 +297,12 @@ def _decisions(eng) -> dict:
     p, b = eng.policy, eng.batch
     out = {"admissions": dict(b.admissions), "row_rounds": b.rounds, "round_tokens": b.round_tokens}
     if p is not None:
-        out |= {"speculation": dict(p.decisions), "depths": dict(p.depth_rounds), "shared_rounds": p.shared_rounds}
+        out |= {
+            "speculation": dict(p.decisions),
+            "depths": dict(p.depth_rounds),
+            "shared_rounds": p.shared_rounds,
+            "widths": dict(p.width_rounds),
+        }
     return out
 
 
