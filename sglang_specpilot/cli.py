@@ -629,6 +629,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is a flag of --kind {other} (this is --kind {args.kind})")
     for name, value in {"layers": 2, **TRAIN_DEFAULTS[args.kind]}.items():
+        if name == "steps" and args.kind == "eagle3" and args.train_seconds is not None:
+            continue  # None: the time budget sets the step count (fit_eagle3)
         if getattr(args, name, None) is None and name not in TRAIN_ONLY[other]:
             setattr(args, name, value)
     _positive(args, "layers", "steps", "batch", "answer_tokens", "ttt_steps", "max_len", "draft_vocab", "gen_batch")
@@ -837,7 +839,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--kind", choices=("shared", "eagle3"), default="shared", help="drafter to train")
     d.add_argument("--layers", type=int, help="decoder layers of the drafter (shared; default: 2)")
-    d.add_argument("--steps", type=int, help="optimizer steps (default: 2000)")
+    d.add_argument("--steps", type=int, help="optimizer steps (default: 2000; eagle3 with --train-seconds: as many "
+                   "as fit)")  # fmt: skip
     d.add_argument(
         "--batch", type=int, help="sequences per step (shared; default: 8), packed rows of --max-len tokens per "
         "step (eagle3; default: 16)",

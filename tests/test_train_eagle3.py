@@ -242,10 +242,11 @@ def test_a_wider_mlp_starts_as_the_target_layer_and_round_trips(capsys, tmp_path
 
 
 def _cli_args(*extra):
+    steps = () if "--train-seconds" in extra else ("--steps", "3")
     return (
-        "train-drafter", "--kind", "eagle3", "--prompts", "synthetic:3", "--steps", "3", "--batch", "2",
+        "train-drafter", "--kind", "eagle3", "--prompts", "synthetic:3", "--batch", "2",
         "--new-tokens", "8", "--ttt-steps", "2", "--gen-batch", "3", "--max-len", "64", "--model", "tiny-llama",
-        "--synthetic", "--device", "cpu", *extra,
+        "--synthetic", "--device", "cpu", *steps, *extra,
     )  # fmt: skip
 
 
@@ -329,3 +330,19 @@ def test_bad_answer_files_get_one_line(capsys, tmp_path):
     T.save(blob, evil)
     with pytest.raises(ValueError, match="MT-Bench"):
         load_answers([evil], ident)
+
+
+def test_a_time_budget_without_steps_sets_the_step_count(capsys, tmp_path):
+    from sglang_specpilot.drafters.train_eagle3 import fit_eagle3, make_answers
+
+    target = tiny_model("tiny-llama")
+    seqs = make_answers(_ar(target), prompts([5, 8, 6], target.cfg.vocab_size, seed=1), 16, False, ("greedy",))
+    with pytest.raises(ValueError, match="needs train_seconds"):
+        fit_eagle3(target, seqs, steps=None, progress=False, log=lambda m: None)
+    _, summary = fit_eagle3(target, seqs, steps=None, train_seconds=1.0, batch=2, max_len=64, ttt_steps=2,
+                            draft_vocab=128, eval_frac=0.0, progress=False, log=lambda m: None)  # fmt: skip
+    # More steps than the 13 the probe times, as many as fit the second (not the 2,000 default's cap).
+    assert 13 < summary["steps"] < 10**6 and 0.5 < summary["train_seconds"] < 3.0
+    rc, res = _main(capsys, *_cli_args("--train-seconds", "0.5", "--out", str(tmp_path / "d")))
+    assert rc == 0, res.err
+    assert json.loads(res.out.strip().splitlines()[-1])["steps"] != 3

@@ -26,8 +26,8 @@ chain at that depth, so 1 + sum_d prod_{k<d} acc_k estimates its tokens per roun
 Shapes. Sequences are packed into rows of ``max_len`` tokens (a block-diagonal mask keeps them apart,
 positions restart at 0 per sequence); step k attends over the concatenated K/V of steps 0..k with a
 dense mask (SDPA; grouped-query heads folded into the query axis as ``models.llama.Attention.core``
-does). The head's logits over 32k tokens are the big tensor: they are computed per step, in chunks,
-under activation checkpointing (recomputed in the backward), so only hidden states stay alive.
+does). The head's logits over 32k tokens are the big tensor: the head and the KL run fused per chunk of
+rows with the gradient taken in the forward (``drafters.head_loss``), so only hidden states stay alive.
 
 Optimisation: AdamW on fp32 master copies of the drafter's own weights (fc, the layer, norm, and lm_head
 with ``head="trained"``; by default the head is the target's rows of the draft vocabulary, frozen, see
@@ -49,16 +49,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from ..models.rope import apply_rope
 from .eagle3 import Eagle3Drafter, init_eagle3, save_eagle3
+from .head_loss import head_stats
 from .train import check_training_prompts
 
 ANSWER_KINDS = ("greedy", "sampled")
 TTT_DECAY = 0.8  # step k's loss weight is TTT_DECAY ** k (EAGLE-3's schedule)
 DRAFT_VOCAB = 32000
-HEAD_CHUNK = 8192  # rows of head logits alive at once (8192 x 32000 fp32 = 1 GiB)
 
 
 # ---- data ---------------------------------------------------------------------------------------------
@@ -310,33 +309,18 @@ def make_teacher(logits: torch.Tensor, batch: Batch, d2t: torch.Tensor) -> Teach
     return Teacher(rows, batch.positions.flatten()[rows], probs, (probs * logp).sum(-1), lg.argmax(-1))
 
 
-def _head_stats(drafter, h, probs, neg_entropy, top) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of KL(teacher || drafter), number of top-1 agreements) over rows of h [M, H]."""
-    lg = drafter.logits(h)
-    lg = lg.to(torch.promote_types(lg.dtype, torch.float32))  # at least fp32 (fp64 models keep fp64)
-    kl = neg_entropy - (probs * F.log_softmax(lg, -1)).sum(-1)
-    hits = (drafter.d2t[lg.argmax(-1)] == top).sum()
-    return kl.sum(), hits
-
-
 def step_stats(drafter, h: torch.Tensor, teacher: Teacher, k: int, grad: bool = True):
     """(KL sum, agreements, count) of TTT step k over its weighted positions (answer positions with
-    p - k >= 0). With ``grad``, the head runs in checkpointed chunks: its logits are recomputed in the
-    backward instead of kept, one chunk at a time."""
+    p - k >= 0). The head and the loss run fused, chunk by chunk (``head_loss``): no logits are kept for
+    the backward. ``grad``: whether the loss is differentiated (evaluation passes False)."""
     keep = (teacher.local >= k).nonzero()[:, 0]
     n = int(keep.numel())
     if n == 0:
         return teacher.probs.new_zeros(()), 0, 0
     hk = h.flatten(0, 1)[teacher.rows[keep]]
     probs, neg, top = teacher.probs[keep], teacher.neg_entropy[keep], teacher.top[keep]
-    kl, hits = probs.new_zeros(()), 0
-    for a in range(0, n, HEAD_CHUNK):
-        part = (hk[a : a + HEAD_CHUNK], probs[a : a + HEAD_CHUNK], neg[a : a + HEAD_CHUNK], top[a : a + HEAD_CHUNK])
-        if grad:
-            s, c = checkpoint(_head_stats, drafter, *part, use_reentrant=False)
-        else:
-            s, c = _head_stats(drafter, *part)
-        kl, hits = kl + s, hits + c
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        kl, hits = head_stats(drafter, hk, probs, neg, top)
     return kl, int(hits), n
 
 
@@ -444,7 +428,7 @@ def fit_eagle3(
     seqs: list[Sequence],
     *,
     ttt_steps: int = 7,
-    steps: int = 2000,
+    steps: int | None = 2000,
     batch: int = 16,
     lr: float = 3e-4,
     max_len: int = 1024,
@@ -464,12 +448,18 @@ def fit_eagle3(
 
     ``batch``: packed rows of up to ``max_len`` tokens per optimizer step. ``warmup``: linear warm-up steps
     (default 3% of the steps, at most 100). ``train_seconds``: after ten timed steps, lower ``steps`` to
-    what fits this many seconds of training (the cosine schedule then spans the new count).
+    what fits this many seconds of training (the cosine schedule then spans the new count); with
+    ``steps=None`` the count is what fits, however many (on the H200 a 430 s budget stopped at the
+    2,000-step default after 398 s).
     ``eval_frac``: share of the prompts held out (with all their answers) for the final evaluation.
     ``head``: "target" (the target's head rows, frozen and not stored) or "trained" (``init_eagle3``).
     ``intermediate_size``: the drafter layer's MLP units (default: the target's; ``init_eagle3``)."""
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
+    if steps is None:
+        if train_seconds is None:
+            raise ValueError("steps=None needs train_seconds (the budget that sets the step count)")
+        steps = 10**9  # provisional: the timed probe steps fit it to train_seconds
     dev = target.embed.weight.device
     # Held-out prompts, drawn by the seed: both answers of a prompt stay on the same side.
     prompt_ids = sorted({s.prompt_index for s in seqs})
