@@ -615,6 +615,7 @@ TRAIN_ONLY = {
         "intermediate",
         "answers_out",
         "answers_in",
+        "cache_features",
     ),
 }
 
@@ -710,6 +711,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         answers_in=answers_in or None,
         answers_out=args.answers_out,
         answers_only=args.answers_only,
+        cache_features=args.cache_features,
         progress=sys.stderr.isatty(),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
@@ -870,6 +872,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--answers-out", metavar="FILE",
                    help="also write the target's answers to FILE, to train on again with --answers-in")  # fmt: skip
     e.add_argument("--answers-only", action="store_true", help="stop after writing --answers-out (no training)")
+    e.add_argument("--cache-features", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the target over the training rows once and keep its outputs on the GPU (default: "
+                   "where that fits in half the free memory)")  # fmt: skip
     e.add_argument("--answers-in", metavar="FILE[,FILE...]",
                    help="train on these answer files (from --answers-out, merged by prompt) instead of answering "
                    "--prompts")  # fmt: skip

@@ -7,6 +7,7 @@ from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.round_kinds import kinds_at
 from sglang_specpilot.engine.shared_budget import shared_keep
 from tree_verify import best_first
 from tree_verify.lattice import Lattice
@@ -83,3 +84,5 @@ def test_captured_batched_mechanisms_equal_ar_gpu():
     eng.warmup()
     assert _ids(eng, ps) == ar
     assert eng.policy.shared_rounds > 0
+    assert eng.policy.width_rounds.get(4, 0) > 0  # 12 nodes: 4 a row from 2 rows up, captured narrowed kinds
+    assert all(b in eng.kinds_captured[k] for b in (2, 4, 8) for k in eng.kinds_captured if k in kinds_at(eng, b))

@@ -303,7 +303,12 @@ class Teacher:
 @torch.no_grad()
 def make_teacher(logits: torch.Tensor, batch: Batch, d2t: torch.Tensor) -> Teacher:
     rows = batch.answer.flatten().nonzero()[:, 0]
-    lg = logits.flatten(0, 1)[rows]
+    return teacher_from_rows(logits.flatten(0, 1)[rows], rows, batch, d2t)
+
+
+@torch.no_grad()
+def teacher_from_rows(lg: torch.Tensor, rows: torch.Tensor, batch: Batch, d2t: torch.Tensor) -> Teacher:
+    """The teacher from the target's logits lg [M, V] at the batch's answer positions ``rows``."""
     logp = F.log_softmax(lg[:, d2t].to(torch.promote_types(lg.dtype, torch.float32)), -1)
     probs = logp.exp()
     return Teacher(rows, batch.positions.flatten()[rows], probs, (probs * logp).sum(-1), lg.argmax(-1))
@@ -440,6 +445,7 @@ def fit_eagle3(
     clip: float = 0.5,
     head: str = "target",
     intermediate_size: int | None = None,
+    cache_features: bool | None = None,
     progress: bool = True,
     log_every: int = 50,
     log=print,
@@ -453,7 +459,9 @@ def fit_eagle3(
     2,000-step default after 398 s).
     ``eval_frac``: share of the prompts held out (with all their answers) for the final evaluation.
     ``head``: "target" (the target's head rows, frozen and not stored) or "trained" (``init_eagle3``).
-    ``intermediate_size``: the drafter layer's MLP units (default: the target's; ``init_eagle3``)."""
+    ``intermediate_size``: the drafter layer's MLP units (default: the target's; ``init_eagle3``).
+    ``cache_features``: run the target over the training rows once and keep its outputs on the device
+    (``drafters.feature_cache``); None: where the cache fits in half the free device memory (CUDA)."""
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
     if steps is None:
@@ -508,6 +516,19 @@ def fit_eagle3(
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     weights = ttt_weights(ttt_steps)
     batch = min(batch, len(rows))
+    from . import feature_cache
+
+    cache = None
+    if cache_features or (cache_features is None and feature_cache.fits(target, rows, drafter.feature_layers)):
+        t_cache = time.perf_counter()
+        with _autocast(target):
+            cache = feature_cache.FeatureCache(target, rows, drafter.feature_layers, batch)
+        _sync(dev)
+        data["feature_cache_gb"] = round(cache.bytes / 2**30, 2)
+        data["feature_cache_seconds"] = round(time.perf_counter() - t_cache, 1)
+        log(f"target features cached: {data['feature_cache_gb']} GiB in {data['feature_cache_seconds']} s")
+        if train_seconds is not None:  # the budget is the whole fit's, so a device call's time stays known
+            train_seconds = max(1.0, train_seconds - data["feature_cache_seconds"])
     warm = warmup if warmup is not None else max(1, min(100, steps * 3 // 100))
     rng = random.Random(seed)
     order: list[int] = []
@@ -534,9 +555,12 @@ def fit_eagle3(
                 group["lr"] = lr_now
             phases.mark("batch")
             with _autocast(target):
-                logits, feats = target_pass(target, b, drafter.feature_layers)
-                teacher = make_teacher(logits, b, drafter.d2t)
-                del logits
+                if cache is not None:
+                    feats, teacher = cache.lookup(picked, b, drafter.d2t)
+                else:
+                    logits, feats = target_pass(target, b, drafter.feature_layers)
+                    teacher = make_teacher(logits, b, drafter.d2t)
+                    del logits
                 phases.mark("target_pass")
                 hs = ttt_forward(drafter, b.tokens, feats, ttt_steps, b.positions, b.segments)
                 phases.mark("ttt_forward")
