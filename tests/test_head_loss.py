@@ -91,3 +91,22 @@ def test_compiled_chunk_equals_eager_gpu():
         torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-2)
         assert int(got[1]) == int(want[1])
         torch.testing.assert_close(got[2].float(), want[2].float(), rtol=0, atol=1e-2)
+
+
+def test_a_failing_compiled_pass_falls_back_to_eager(monkeypatch):
+    from sglang_specpilot.drafters import head_loss
+
+    def broken(*a):
+        raise RuntimeError("inductor: no working C++ compiler\nmore lines")
+
+    lg = torch.randn(4, 9, dtype=torch.float64)
+    p = torch.softmax(torch.randn(4, 9, dtype=torch.float64), -1)
+    args = (lg, p, (p * p.log()).sum(-1), torch.zeros(4, dtype=torch.long), torch.arange(9))
+    monkeypatch.setattr(head_loss, "_compiled", broken)
+    monkeypatch.setattr(head_loss, "_compile_failed", None)
+    with pytest.warns(UserWarning, match="running eagerly"):
+        got = head_loss._guarded(*args)
+    want = kl_chunk(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert head_loss._compile_failed.startswith("RuntimeError: inductor")
+    assert head_loss._kl_chunk_for(lg.cuda() if torch.cuda.is_available() else lg) is kl_chunk  # given up for good

@@ -21,6 +21,8 @@ autograd form it replaces, kept beside it for the tests.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -42,16 +44,29 @@ def kl_chunk(lg: torch.Tensor, probs, neg_entropy, top, d2t):
 
 
 _compiled = None
+_compile_failed: str | None = None  # why the compiled pass was given up (then every chunk runs eagerly)
 
 
 def _kl_chunk_for(lg: torch.Tensor):
-    """``kl_chunk``, compiled (dynamic row count: the last chunk is shorter) where the logits are on CUDA."""
+    """``kl_chunk``, compiled (dynamic row count: the last chunk is shorter) where the logits are on CUDA;
+    a compile that fails falls back to the eager pass for the rest of the process, so a training run
+    never dies of it."""
     global _compiled
-    if not lg.is_cuda:
+    if not lg.is_cuda or _compile_failed is not None:
         return kl_chunk
     if _compiled is None:
         _compiled = torch.compile(kl_chunk, dynamic=True)
-    return _compiled
+    return _guarded
+
+
+def _guarded(*args):
+    global _compile_failed
+    try:
+        return _compiled(*args)
+    except Exception as e:  # noqa: BLE001 - any compile or codegen failure: the eager pass is exact too
+        _compile_failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        warnings.warn(f"drafter head loss: compiled pass failed, running eagerly ({_compile_failed})", stacklevel=2)
+        return kl_chunk(*args)
 
 
 class _HeadKL(torch.autograd.Function):
