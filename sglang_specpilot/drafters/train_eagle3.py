@@ -521,12 +521,18 @@ def fit_eagle3(
     cache = None
     if cache_features or (cache_features is None and feature_cache.fits(target, rows, drafter.feature_layers)):
         t_cache = time.perf_counter()
-        with _autocast(target):
-            cache = feature_cache.FeatureCache(target, rows, drafter.feature_layers, batch)
-        _sync(dev)
-        data["feature_cache_gb"] = round(cache.bytes / 2**30, 2)
+        try:
+            with _autocast(target):
+                cache = feature_cache.FeatureCache(target, rows, drafter.feature_layers, batch)
+            _sync(dev)
+            data["feature_cache_gb"] = round(cache.bytes / 2**30, 2)
+            log(f"target features cached: {data['feature_cache_gb']} GiB")
+        except torch.OutOfMemoryError:  # the estimate was short: train with the full pass instead
+            cache = None
+            torch.cuda.empty_cache()
+            data["feature_cache_gb"] = None
+            log("target features did not fit the device: training runs the target every step")
         data["feature_cache_seconds"] = round(time.perf_counter() - t_cache, 1)
-        log(f"target features cached: {data['feature_cache_gb']} GiB in {data['feature_cache_seconds']} s")
         if train_seconds is not None:  # the budget is the whole fit's, so a device call's time stays known
             train_seconds = max(1.0, train_seconds - data["feature_cache_seconds"])
     warm = warmup if warmup is not None else max(1, min(100, steps * 3 // 100))
