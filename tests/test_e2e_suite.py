@@ -101,6 +101,12 @@ def test_cell_stats_and_cost_model():
     assert s["costmodel_error"] == pytest.approx(abs(s["predicted_speedup"] / (1.9 / 0.7) - 1))
     assert s["costmodel_error_e2e"] == pytest.approx(abs(s["predicted_speedup"] / 2.5 - 1))
     assert s["per_batch_speedup_vs_ar"] == [pytest.approx(2.5)]
+    # The wave: the batch ran its slowest row's 40 rounds, not the mean's 35, so S over 80 / 70 is what a
+    # wave of these rows can show.
+    assert s["wave_corrected_speedup"] == pytest.approx(s["predicted_speedup"] * 70 / 80)
+    assert s["costmodel_error_wave"] == pytest.approx(abs(s["wave_corrected_speedup"] / (1.9 / 0.7) - 1))
+    assert summarize([{"system": "ar", "batch": 2, "set": "x", **ar}, {"system": "trees", "batch": 2, "set": "x",
+                      **s}], {})["costmodel_error_max_wave"] == round(s["costmodel_error_wave"], 4)  # fmt: skip
     assert cost_model(3.0, 6.0, 4.0) == {"c": 1.5, "predicted_speedup": 2.0}
 
 
