@@ -54,7 +54,9 @@ def test_all_patterns_in_rows_with_different_windows():
     assert rows.min() >= 241  # rows that fit their window have no escape
     for r in range(241, 256):
         high, low = 256 - r, r - 240  # fields r..255 vs 0..r-241, 16 patterns each
-        assert int(base[r]) == (240 if high > low else 0)  # a tie (r = 248) goes to the lower base
+        # A tie (r = 248) goes to the window that holds the row's largest normal exponent (254): its top
+        # weights stay in the planes, where the 8-bit view reads them.
+        assert int(base[r]) == (240 if high >= low else 0)
         assert int((rows == r).sum()) == 16 * min(high, low)
 
 
@@ -62,8 +64,9 @@ def test_all_patterns_shuffled_in_every_row():
     gen = torch.Generator().manual_seed(0)
     w = torch.stack([ALL[torch.randperm(ALL.numel(), generator=gen)] for _ in range(3)]).view(torch.bfloat16)
     x = assert_round_trip(w)
-    # every 16-field window holds 16 * 256 patterns: a tie everywhere, so the lowest base wins
-    assert x.base.tolist() == [0, 0, 0]
+    # every 16-field window holds 16 * 256 patterns: a tie everywhere, so the lowest base of the windows
+    # that hold the largest normal exponent (254) wins
+    assert x.base.tolist() == [239, 239, 239]
     assert x.esc_idx.numel() == 3 * 240 * 256
 
 
@@ -221,3 +224,28 @@ def test_validate_refuses_a_set_padding_nibble():
     lo[1, -1] |= 0x30
     with pytest.raises(W12FormatError, match="padding nibble"):
         validate(dataclasses.replace(x, lo=lo))
+
+
+def _row(top: float, bulk: float, n_bulk: int, n_low: int, low: float, K: int = 512):
+    w = torch.full((1, K), bulk, dtype=torch.float32)
+    w[0, 0] = top
+    w[0, 1 + n_bulk : 1 + n_bulk + n_low] = low
+    return w.to(torch.bfloat16)
+
+
+def test_the_largest_weight_stays_in_its_window_for_a_few_escapes():
+    from w12.codec import decode_view8, top_slack
+
+    # One large weight 2^15 above most of the row, and 2 weights 2^-1 lower still: the most-weights window
+    # would drop the large one (one escape) for the two low ones; holding the largest costs 2 escapes
+    # instead, within the slack, and the 8-bit view then reads it (it ignores escapes).
+    K = 512
+    assert top_slack(K) == 2 and top_slack(14336) == 14
+    w = _row(top=2.0**15, bulk=1.0, n_bulk=300, n_low=2, low=0.5, K=K)
+    x = assert_round_trip(w)
+    assert 0 not in x.esc_idx.tolist() and x.esc_idx.numel() == 2
+    assert float(decode_view8(x)[0, 0]) == pytest.approx(2.0**15, rel=2**-4)
+    # Where holding it would escape more than the slack, the row's bulk wins and the large weight escapes.
+    w = _row(top=2.0**15, bulk=1.0, n_bulk=300, n_low=20, low=0.5, K=K)
+    x = assert_round_trip(w)
+    assert x.esc_idx.tolist() == [0]
