@@ -101,7 +101,7 @@ def view8_suite(args: argparse.Namespace) -> dict:
     _bf16_(small)
     problems = read_problems()
     prompts = [problems[f"HumanEval/{100 + i}"]["prompt"] for i in range(args.prompts)]
-    opts = EngineOptions(max_seq_len=1024, max_batch_size=8, device="cpu", dtype="float32", cuda_graphs=False)
+    opts = EngineOptions(max_seq_len=512, max_batch_size=8, device="cpu", dtype="float32", cuda_graphs=False)
     gen = Engine(small, tok, opts).generate(prompts, SamplingParams(max_new_tokens=args.new_tokens), chat=True)
     seqs = [(tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])), r.token_ids)
             for p, r in zip(prompts, gen, strict=True)]  # fmt: skip
