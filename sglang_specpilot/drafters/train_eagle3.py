@@ -715,10 +715,9 @@ def train_eagle3(
     meta = {
         "trainer": "train_eagle3",
         "target": engine.target.cfg.name,
-        **{k: v for k, v in made.items() if k != "generate_seconds"},
+        **made,
         **({"answers_from": answered_by} if answered_by is not None else {}),
         **summary,
-        "generate_seconds": round(gen_s, 1),
         "total_seconds": round(time.perf_counter() - t0, 1),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
     }

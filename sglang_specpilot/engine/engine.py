@@ -258,7 +258,7 @@ class Engine:
             )
             bs = BatchSampling.from_params([SamplingParams()] * b, self.device)
             self.captured.capture(b, bs)
-            here = [self.kinds_captured[k] for k in kinds_at(self, b) if k in self.kinds_captured]
+            here = [self.kinds_captured[k] for k in self._captured_kinds_at(b)]
             for cap in here:
                 cap.capture(b, bs)
             if self.options.capture_sampling:  # sampled rounds without top-k/top-p (those: on first use)
@@ -287,8 +287,12 @@ class Engine:
         from .admission import rider_widths
 
         for w in rider_widths(self.options.prompt_admission, self.target_runner.scratch):
-            for kind in (None, *(k for k in kinds_at(self, b) if k in self.kinds_captured)):
+            for kind in (None, *self._captured_kinds_at(b)):
                 self.carrying.capture((kind, b, w), self.round if kind is None else self.kinds[kind], bs)
+
+    def _captured_kinds_at(self, b: int) -> list:
+        """The captured round kinds a batch of bucket ``b`` may run (``round_kinds.kinds_at``)."""
+        return [k for k in kinds_at(self, b) if k in self.kinds_captured]
 
     @torch.inference_mode()
     def _measure_curve(self, ladder: tuple[int, ...]) -> StepCurve:

@@ -46,25 +46,23 @@ def depth_shape(shape: RoundShape, depth: int) -> RoundShape:
 MIN_WIDTH = 4
 
 
-def width_for(budget: int, shared: int | None, b: int) -> int:
-    """Verify nodes per row of a tree round of ``budget`` nodes at bucket ``b`` under the shared budget
-    ``shared``: the widest of budget, budget / 2, ... (never below MIN_WIDTH, nor above ``budget``) whose
-    ``b`` rows fit ``shared``. Without a shared budget: ``budget``."""
-    w = budget
-    if shared is None:
-        return w
-    while w > MIN_WIDTH and b * w > shared:
-        w = max(MIN_WIDTH, w // 2)
-    return w
-
-
 def widths_below(budget: int) -> list[int]:
-    """Every width ``width_for`` can cut ``budget`` to, below it."""
+    """The widths a shared budget can cut ``budget`` to: budget / 2, budget / 4, ..., MIN_WIDTH last."""
     out, w = [], budget
     while w > MIN_WIDTH:
         w = max(MIN_WIDTH, w // 2)
         out.append(w)
     return out
+
+
+def width_for(budget: int, shared: int | None, b: int) -> int:
+    """Verify nodes per row of a tree round of ``budget`` nodes at bucket ``b`` under the shared budget
+    ``shared``: the widest of budget and ``widths_below(budget)`` whose ``b`` rows fit ``shared`` (the
+    narrowest where none does). Without a shared budget: ``budget``."""
+    if shared is None:
+        return budget
+    ladder = [budget, *widths_below(budget)]
+    return next((w for w in ladder if b * w <= shared), ladder[-1])
 
 
 def width_shape(shape: RoundShape, w: int) -> RoundShape:
@@ -94,11 +92,10 @@ def alternate_rounds(engine) -> dict:
 
 def kind_key(engine, depth: int, b: int):
     """The round kind of ``depth`` at bucket ``b``: None (the engine's own round), d, or (d, w)."""
-    main = engine.round.shape
-    key = None if depth == main.depth else depth
-    budget = main.budget if key is None else engine.kinds[key].shape.budget
-    w = width_for(budget, engine.options.shared_budget, b)
-    return key if w >= budget or main.chain else (depth, w)
+    key = None if depth == engine.round.shape.depth else depth
+    budget = (engine.round if key is None else engine.kinds[key]).shape.budget
+    narrowed = (depth, width_for(budget, engine.options.shared_budget, b))
+    return narrowed if narrowed in engine.kinds else key  # only trees under a shared budget have them
 
 
 def kinds_at(engine, b: int) -> list:
