@@ -616,6 +616,7 @@ TRAIN_ONLY = {
         "answers_out",
         "answers_in",
         "cache_features",
+        "init",
     ),
 }
 
@@ -629,6 +630,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     for name in TRAIN_ONLY[other]:
         if getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is a flag of --kind {other} (this is --kind {args.kind})")
+    if getattr(args, "init", None) is not None:
+        _continued_head(args)
     for name, value in {"layers": 2, **TRAIN_DEFAULTS[args.kind]}.items():
         if name == "steps" and args.kind == "eagle3" and args.train_seconds is not None:
             continue  # None: the time budget sets the step count (fit_eagle3)
@@ -664,6 +667,18 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     )
     print(json.dumps(summary))
     return 0
+
+
+def _continued_head(args: argparse.Namespace) -> None:
+    """``--init DIR``: a drafter folder, whose head kind a continued run keeps (``--head`` may only repeat it)."""
+    from .drafters.eagle3 import MARKER, is_eagle3
+
+    if not is_eagle3(args.init):
+        raise ValueError(f"--init {args.init}: not an EAGLE-3 drafter folder")
+    head = json.loads((Path(args.init) / MARKER).read_text()).get("head", "target")
+    if args.head is not None and args.head != head:
+        raise ValueError(f"--init {args.init} has head {head!r}; --head {args.head} cannot change it")
+    args.head = head
 
 
 def _train_eagle3(args: argparse.Namespace) -> int:
@@ -712,6 +727,7 @@ def _train_eagle3(args: argparse.Namespace) -> int:
         answers_out=args.answers_out,
         answers_only=args.answers_only,
         cache_features=args.cache_features,
+        init_from=args.init,
         progress=sys.stderr.isatty(),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
@@ -875,6 +891,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cache-features", action=argparse.BooleanOptionalAction, default=None,
                    help="run the target over the training rows once and keep its outputs on the GPU (default: "
                    "where that fits in half the free memory)")  # fmt: skip
+    e.add_argument("--init", metavar="DIR",
+                   help="train this drafter folder further (its vocabulary and weights; --intermediate may widen "
+                   "its MLP) instead of a fresh drafter")  # fmt: skip
     e.add_argument("--answers-in", metavar="FILE[,FILE...]",
                    help="train on these answer files (from --answers-out, merged by prompt) instead of answering "
                    "--prompts")  # fmt: skip

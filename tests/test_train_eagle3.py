@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from sglang_specpilot import cli
 from sglang_specpilot.config import EngineOptions
-from sglang_specpilot.drafters.eagle3 import init_eagle3, is_eagle3, load_eagle3
+from sglang_specpilot.drafters.eagle3 import continue_eagle3, init_eagle3, is_eagle3, load_eagle3
 from sglang_specpilot.drafters.train_eagle3 import (
     Sequence,
     chain_tau,
@@ -239,6 +239,39 @@ def test_a_wider_mlp_starts_as_the_target_layer_and_round_trips(capsys, tmp_path
     assert marker["layer"]["intermediate_size"] == 2 * units
     loaded = load_eagle3(out, tiny_model("tiny-llama"))
     assert loaded.cfg.intermediate_size == 2 * units and loaded.layers[0].mlp.w13.weight.shape[0] == 4 * units
+
+
+def test_continuing_keeps_the_drafter_function_vocabulary_and_record(capsys, tmp_path):
+    first, wide = tmp_path / "d1", tmp_path / "d2"
+    rc, res = _main(capsys, *_cli_args("--out", str(first), "--head", "trained", "--draft-vocab", "40"))
+    assert rc == 0, res.err
+    target = tiny_model("tiny-llama", seed=0)
+    base = load_eagle3(first, target)
+    units = base.cfg.intermediate_size
+    cont = continue_eagle3(target, base, 2 * units)
+    assert cont.layers[0].mlp.w2.weight.shape[1] == 2 * units and torch.equal(cont.d2t, base.d2t)
+    feats = torch.randn(2, 5, len(base.feature_layers) * target.cfg.hidden_size)
+    h_base, h_cont = (d.layers[0].mlp(d.project(feats)) for d in (base, cont))
+    assert torch.allclose(h_base, h_cont, atol=1e-6)  # the widened copy computes the trained function
+    assert torch.equal(cont.lm_head.weight, base.lm_head.weight) and torch.equal(cont.fc.weight, base.fc.weight)
+    with pytest.raises(ValueError, match="below the drafter's"):
+        continue_eagle3(target, base, units - 1)
+    frozen = init_eagle3(target)  # the default head: the target's rows, frozen
+    h = torch.randn(3, target.cfg.hidden_size)
+    assert torch.equal(continue_eagle3(target, frozen, 3 * units).logits(h), frozen.logits(h))
+    rc, res = _main(capsys, *_cli_args("--out", str(wide), "--init", str(first), "--intermediate", str(2 * units)))
+    assert rc == 0, res.err
+    marker = json.loads((wide / "specpilot_drafter.json").read_text())
+    assert marker["layer"]["intermediate_size"] == 2 * units and marker["draft_vocab"] == base.d2t.numel()
+    before = marker["training"]["continued_from"]
+    assert before["path"] == str(first) and before["steps"] == 3 and before["intermediate_size"] == units
+    assert torch.equal(load_eagle3(wide, target).d2t, base.d2t)  # the vocabulary the head rows were trained for
+    rc, out = _main(capsys, *_cli_args("--out", str(wide), "--init", str(tmp_path / "none")))
+    assert rc == 2 and "not an EAGLE-3 drafter folder" in out.err and out.err.count("\n") == 1
+    rc, out = _main(capsys, *_cli_args("--out", str(wide), "--init", str(first), "--head", "target"))
+    assert rc == 2 and "has head 'trained'" in out.err and out.err.count("\n") == 1
+    rc, res = _main(capsys, *_cli_args("--out", str(tmp_path / "d3"), "--init", str(wide)))  # its head, kept
+    assert rc == 0 and json.loads((tmp_path / "d3" / "specpilot_drafter.json").read_text())["head"] == "trained"
 
 
 def _cli_args(*extra):

@@ -281,6 +281,27 @@ def init_eagle3(
     return draft
 
 
+def continue_eagle3(target: Transformer, base: Eagle3Drafter, intermediate_size: int | None = None) -> Eagle3Drafter:
+    """A drafter to train further from ``base`` (``load_eagle3``): its draft vocabulary, feature layers,
+    head kind and weights, with the MLP widened to ``intermediate_size`` units (default: ``base``'s) the
+    way ``init_eagle3`` widens the target's (extra units with zero down columns), so the result computes
+    exactly ``base``'s function until it is trained. A session's device call has minutes, so a drafter
+    worth verifying is trained over several calls: each continues the last one's folder."""
+    have = base.cfg.intermediate_size
+    units = have if intermediate_size is None else intermediate_size
+    if units < have:
+        raise ValueError(f"intermediate_size {units} is below the drafter's {have} (continuing never drops units)")
+    draft = init_eagle3(target, base.d2t, base.spec.feature_layers, base.spec.head, units)
+    own = {n: t for n, t in base.state_dict().items() if not n.startswith("embed.") and ".mlp.w" not in n}
+    with torch.no_grad():
+        missing = draft.load_state_dict(own, strict=False)
+        _warm_mlp(draft.layers[0].mlp, base.layers[0].mlp)
+    left = [n for n in missing.missing_keys if not n.startswith("embed.") and ".mlp.w" not in n]
+    if left or missing.unexpected_keys:
+        raise ValueError(f"cannot continue this drafter: tensors {left or missing.unexpected_keys} do not match")
+    return draft
+
+
 def _warm_mlp(mlp: MLP, src: MLP) -> None:
     """Copy ``src``'s MLP into the first units of ``mlp`` (as wide or wider): extra units get gate/up
     rows at the source's scale and zero down columns, so the copy computes ``src``'s function."""

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.rope import apply_rope
-from .eagle3 import Eagle3Drafter, init_eagle3, save_eagle3
+from .eagle3 import MARKER, Eagle3Drafter, continue_eagle3, init_eagle3, load_eagle3, save_eagle3
 from .head_loss import head_stats
 from .train import check_training_prompts
 
@@ -446,6 +446,7 @@ def fit_eagle3(
     head: str = "target",
     intermediate_size: int | None = None,
     cache_features: bool | None = None,
+    init: Eagle3Drafter | None = None,
     progress: bool = True,
     log_every: int = 50,
     log=print,
@@ -461,7 +462,10 @@ def fit_eagle3(
     ``head``: "target" (the target's head rows, frozen and not stored) or "trained" (``init_eagle3``).
     ``intermediate_size``: the drafter layer's MLP units (default: the target's; ``init_eagle3``).
     ``cache_features``: run the target over the training rows once and keep its outputs on the device
-    (``drafters.feature_cache``); None: where the cache fits in half the free device memory (CUDA)."""
+    (``drafters.feature_cache``); None: where the cache fits in half the free device memory (CUDA).
+    ``init``: a drafter (``load_eagle3``) to train further instead of a fresh one (``continue_eagle3``: its
+    draft vocabulary, feature layers and head; ``intermediate_size`` may widen its MLP); the schedule
+    restarts (warm-up, then cosine decay over this run's steps)."""
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
     if steps is None:
@@ -475,7 +479,10 @@ def fit_eagle3(
     held = set(random.Random(seed).sample(prompt_ids, n_eval)) if n_eval else set()
     train_seqs = [s for s in seqs if s.prompt_index not in held]
     eval_seqs = [s for s in seqs if s.prompt_index in held]
-    d2t = draft_vocabulary(train_seqs, target.cfg.vocab_size, draft_vocab)
+    if init is not None and init.spec.head != head:
+        raise ValueError(f"the drafter to continue has head {init.spec.head!r}, not {head!r}")
+    # Continuing keeps the drafter's vocabulary: its head rows and d2t map were trained for it.
+    d2t = init.d2t.cpu() if init is not None else draft_vocabulary(train_seqs, target.cfg.vocab_size, draft_vocab)
     rows = pack(train_seqs, max_len)
     eval_rows = pack(eval_seqs, max_len)
     if not rows:
@@ -502,7 +509,11 @@ def fit_eagle3(
 
     torch.manual_seed(seed)
     # head "target": frozen, not a parameter
-    drafter = init_eagle3(target, d2t=d2t, head=head, intermediate_size=intermediate_size)
+    if init is not None:
+        drafter = continue_eagle3(target, init, intermediate_size)
+        data["continued"] = {"intermediate_size": init.cfg.intermediate_size, "draft_vocab": int(d2t.numel())}
+    else:
+        drafter = init_eagle3(target, d2t=d2t, head=head, intermediate_size=intermediate_size)
     params = [p for n, p in drafter.named_parameters() if not n.startswith("embed.")]
     shared = {t.data_ptr() for t in target.parameters()}
     assert not any(p.data_ptr() in shared for p in params), "a trained tensor is the target's"
@@ -666,6 +677,7 @@ def train_eagle3(
     answers_in: list | None = None,
     answers_out: str | Path | None = None,
     answers_only: bool = False,
+    init_from: str | Path | None = None,
     log=print,
     **fit,
 ) -> dict:
@@ -675,10 +687,19 @@ def train_eagle3(
 
     ``answers_in``: answer files (``drafters.answers_file``) to train on instead of answering ``prompts``;
     ``answers_out``: write the answers made here to that file; ``answers_only``: stop after writing it
-    (returns the file's description)."""
+    (returns the file's description); ``init_from``: a drafter folder to train further (``fit_eagle3``'s
+    ``init``), whose training record the new marker keeps under ``continued_from``."""
+    import json
+
     from .answers_file import load_answers, save_answers, target_identity
 
     identity = target_identity(engine)
+    base, before = None, None
+    if init_from is not None and not answers_only:  # before the answers: a bad folder fails in seconds
+        base = load_eagle3(init_from, engine.target)
+        old = json.loads((Path(init_from) / MARKER).read_text()).get("training", {})
+        keep = ("steps", "train_seconds", "prompt_count", "answers", "intermediate_size", "eval", "continued_from")
+        before = {"path": str(init_from), **{k: old[k] for k in keep if k in old}}
     t0 = time.perf_counter()
     answered_by: list[dict] | None = None
     if answers_in:
@@ -710,7 +731,9 @@ def train_eagle3(
         log(f"answers written to {answers_out}")
         if answers_only:
             return wrote
-    drafter, summary = fit_eagle3(engine.target, seqs, seed=seed, log=log, **fit)
+    drafter, summary = fit_eagle3(engine.target, seqs, seed=seed, init=base, log=log, **fit)
+    if before is not None:
+        summary["continued_from"] = before
     dev = engine.target.embed.weight.device
     meta = {
         "trainer": "train_eagle3",
