@@ -65,3 +65,26 @@ def test_w12_ar_suite_dry_run_on_cpu(monkeypatch):
     assert m["llama8b_w12_vs_bf16_mismatched_prompts"] == 0 and m["llama8b_w12_forcing_accepted"] == 1
     assert 0.7 < m["llama8b_w12_bytes_over_bf16"] < 0.8 and m["ar_speedup_bs1_llama8b"] > 0
     assert len(out["rows"][1]["tokens_per_s"]["w12"]) == 2
+
+
+def test_a_compiling_runner_gives_every_layer_one_escape_length_per_projection():
+    # One compiled block serves every layer, and compile guards on buffer shapes: the escape counts that
+    # differ per layer (a real model's do) would recompile per layer (on the H200 the real SmolLM2 hit
+    # dynamo's limit of 256), so the runner pads each projection's kernel escapes to one length.
+    from sglang_specpilot.engine.runner import ModelRunner
+
+    model = tiny_model("tiny-llama", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):  # zeros are escapes: a different count per layer
+            layer.mlp.w2.weight[0, : 3 + 5 * i] = 0.0
+    w12 = to_w12(model)
+    real = [int(layer.mlp.w2.esc_idx.numel()) for layer in w12.layers]
+    assert len(set(real)) == len(real) > 1
+    ModelRunner(w12, 1, 64, compile=False)
+    assert len({int(layer.mlp.w2.kernel_esc_idx.numel()) for layer in w12.layers}) == len(real)  # untouched
+    ModelRunner(w12, 1, 64, compile=True)
+    for name in ("attn.wqkv", "attn.wo", "mlp.w13", "mlp.w2"):
+        mods = [layer.get_submodule(name) for layer in w12.layers]
+        assert len({int(m.kernel_esc_idx.numel()) for m in mods}) == 1, name
+        assert all(torch.equal(m.kernel_esc_idx[: m.esc_idx.numel()], m.esc_idx) for m in mods)
+    assert [int(layer.mlp.w2.esc_idx.numel()) for layer in w12.layers] == real  # the record itself is kept

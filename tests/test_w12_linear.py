@@ -14,8 +14,8 @@ from torch import nn
 
 from w12.codec import encode
 from w12.format import decode_reference, decode_view8_reference
-from w12.kernels import INTERPRETED, gemm_tolerance, w12_gemm_ref, w12_view8_gemm_ref
-from w12.linear import W12Linear
+from w12.kernels import INTERPRETED, escape_row_ptr, gemm_tolerance, w12_gemm_ref, w12_view8_gemm_ref
+from w12.linear import W12Linear, pad_escapes_alike
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
@@ -87,6 +87,62 @@ def test_kernel_forward_matches_reference(M):
         err = (y.float() - ref).abs()
         assert (err <= gemm_tolerance(x, w, ref, view8=view8)).all(), f"view8={view8}: max err {err.max()}"
     assert int(mod.counters.abs().sum()) == 0  # split-K (M = 1 on a small grid) left its counters at 0
+
+
+def _layers_with_escapes(extra=(0, 7, 30), K=64, N=24) -> list[W12Linear]:
+    """The same projection of three layers, with different escape counts."""
+    mods = []
+    for i, n_zero in enumerate(extra):
+        lin = bf16_linear(K, N, seed=10 + i)
+        with torch.no_grad():
+            lin.weight[2, :n_zero] = 0.0  # zeros are escapes
+        mods.append(W12Linear.from_linear(lin.to(DEVICE)))
+    return mods
+
+
+def test_padded_escapes_keep_the_record_and_the_rows_ranges():
+    mods = _layers_with_escapes()
+    counts = [int(m.esc_idx.numel()) for m in mods]
+    assert len(set(counts)) == 3
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in mods]
+    ptrs = [m.esc_row_ptr.clone() for m in mods]
+    n = pad_escapes_alike(mods)
+    assert n % 16 == 0 and n >= max(counts)
+    for m, sd, ptr, c in zip(mods, before, ptrs, counts, strict=True):
+        assert m.kernel_esc_idx.numel() == m.kernel_esc_val.numel() == n
+        assert torch.equal(m.kernel_esc_idx[:c], m.esc_idx) and torch.equal(m.kernel_esc_val[:c], m.esc_val)
+        assert bool((m.kernel_esc_idx[c:] == m.out_features * m.in_features).all())
+        assert bool((m.kernel_esc_val[c:] == 0).all())
+        assert set(m.state_dict()) == set(sd) and all(torch.equal(sd[k], v) for k, v in m.state_dict().items())
+        assert torch.equal(m.esc_row_ptr, ptr)
+        assert torch.equal(escape_row_ptr(m.kernel_weight), ptr)  # the pads lie past every row's range
+    with pytest.raises(ValueError, match="escapes"):
+        mods[-1].pad_escapes(counts[-1] - 1)
+    mods[0].load_state_dict(mods[1].state_dict())  # a loaded record drops the padding
+    assert torch.equal(mods[0].kernel_esc_idx, mods[1].esc_idx)
+    assert pad_escapes_alike([]) == 0
+
+
+@kernel_case
+def test_kernel_padded_escapes_give_the_same_output_and_compile_once():
+    from torch._dynamo.utils import counters
+
+    mods = _layers_with_escapes()
+    x = torch.randn(3, 64).to(torch.bfloat16).to(DEVICE)
+    eager = [m(x) for m in mods]
+
+    def graphs_over(mods) -> tuple[int, list]:
+        torch._dynamo.reset()
+        counters.clear()
+        f = torch.compile(lambda m, x: m(x), fullgraph=True, dynamic=False, backend="eager")
+        outs = [f(m, x) for m in mods]
+        return int(counters["stats"]["unique_graphs"]), outs
+
+    unpadded, _ = graphs_over(mods)
+    pad_escapes_alike(mods)
+    padded, outs = graphs_over(mods)
+    assert unpadded == 3 and padded == 1  # one graph per escape count, then one for all
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(outs, eager, strict=True))
 
 
 def test_kernel_cases_in_interpreter():

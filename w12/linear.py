@@ -13,6 +13,13 @@ Capture-friendly: the escape row pointer and the split-K counters are buffers ma
 no tensor values on the host, and the GEMM is a ``torch.library.custom_op`` that ``torch.compile`` keeps whole.
 The planes, base, escapes and bias are persistent buffers (they are the state dict); the row pointer and
 the counters are derived, non-persistent ones.
+
+One compiled block serves every layer (``models.llama.run_block``), and ``torch.compile`` guards on each
+buffer's shape, so layers whose escape counts differ would each compile anew: on the real SmolLM2 with W12
+a TLV suite run hit dynamo's limit of 256 recompiles (H200, 4fb4ff5). ``pad_escapes_alike`` gives the
+kernel copies of the escapes one length per group of alike modules (the same projection of every layer):
+the extra entries hold the index N * K, past every row's range of the row pointer, which is computed from
+the real escapes, so no kernel ever reads them.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ class W12Linear(nn.Module):
         self.register_buffer("esc_val", weight.esc_val)
         self.register_buffer("bias", bias)
         self.register_buffer("esc_row_ptr", escape_row_ptr(weight), persistent=False)
+        # What the kernels read: the escapes, or a padded copy of them (pad_escapes_alike).
+        self.register_buffer("kernel_esc_idx", weight.esc_idx, persistent=False)
+        self.register_buffer("kernel_esc_val", weight.esc_val, persistent=False)
         # Split-K tiles (< 2 programs per SM) of one launch; left at 0 by every launch.
         self.register_buffer(
             "counters",
@@ -77,26 +87,64 @@ class W12Linear(nn.Module):
                 setattr(self, name, torch.empty_like(state_dict[prefix + name], device=self.hi.device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self.esc_row_ptr = escape_row_ptr(self.weight_w12)
+        self.kernel_esc_idx, self.kernel_esc_val = self.esc_idx, self.esc_val
+
+    @property
+    def kernel_weight(self) -> W12Tensor:
+        """The record the kernels read: the planes with ``kernel_esc_idx`` / ``kernel_esc_val``."""
+        shape = (self.out_features, self.in_features)
+        return W12Tensor(self.hi, self.lo, self.base, self.kernel_esc_idx, self.kernel_esc_val, shape)
+
+    def pad_escapes(self, count: int) -> None:
+        """Give the kernels ``count`` escape entries (at least the real ones): the real escapes, then
+        entries at index N * K (past the row pointer's last row, never read) with value 0."""
+        real = int(self.esc_idx.numel())
+        if count < real:
+            raise ValueError(f"pad_escapes({count}): this weight has {real} escapes")
+        if count == real:
+            self.kernel_esc_idx, self.kernel_esc_val = self.esc_idx, self.esc_val
+            return
+        n_pad = count - real
+        end = self.out_features * self.in_features
+        pad_idx = torch.full((n_pad,), end, dtype=self.esc_idx.dtype, device=self.esc_idx.device)
+        pad_val = torch.zeros(n_pad, dtype=self.esc_val.dtype, device=self.esc_val.device)
+        self.kernel_esc_idx = torch.cat([self.esc_idx, pad_idx])
+        self.kernel_esc_val = torch.cat([self.esc_val, pad_val])
 
     def _kernel_here(self, x: torch.Tensor) -> bool:
         return x.is_cuda or INTERPRETED
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Exact: ``x [..., K]`` (bf16 for the kernel) -> ``[..., N]``."""
-        w = self.weight_w12
         if self._kernel_here(x):
+            w = self.kernel_weight
             return w12_gemm(x, w, self.bias, esc_row_ptr=self.esc_row_ptr, counters=self.counters, backend=self.backend)
+        w = self.weight_w12
         return F.linear(x, decode_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def forward_view8(self, x: torch.Tensor) -> torch.Tensor:
         """Approximate (8-bit view: hi plane only, escapes ignored): ``x [..., K]`` -> ``[..., N]``."""
-        w = self.weight_w12
         if self._kernel_here(x):
-            return w12_view8_gemm(x, w, self.bias, counters=self.counters, backend=self.backend)
-        return F.linear(x, decode_view8_reference(w).to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            return w12_view8_gemm(x, self.kernel_weight, self.bias, counters=self.counters, backend=self.backend)
+        w = decode_view8_reference(self.weight_w12)
+        return F.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, escapes={self.esc_idx.numel()}"
         )
+
+
+def pad_escapes_alike(modules) -> int:
+    """Pad the kernel escapes of ``modules`` (W12Linear) to one length: the largest count among them, rounded
+    up to a multiple of 16 (the kernels' escape chunk), so a block compiled once runs all of them without a
+    recompile. Returns that length (0 for no modules)."""
+    modules = list(modules)
+    if not modules:
+        return 0
+    most = max(int(m.esc_idx.numel()) for m in modules)
+    count = -(-most // 16) * 16
+    for m in modules:
+        m.pad_escapes(count)
+    return count

@@ -12,6 +12,7 @@ import torch
 
 from ..models.llama import Transformer, fused_attention_supported, run_block
 from ..models.mixed_forward import Group, mixed_forward
+from ..models.w12_weights import align_w12_escapes
 from .attn_meta import build_step_meta, window_mask
 from .gdn_state import RecurrentState
 from .kv_cache import KVCache
@@ -101,6 +102,7 @@ class ModelRunner:
                 torch._dynamo.config.accumulated_cache_size_limit, 512
             )
             self._layer_fn = torch.compile(run_block, fullgraph=True, dynamic=False)
+            align_w12_escapes(model)  # W12 layers: one escape length per projection, one graph for all layers
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         # Rounds (engine/round.py) attend with the fused kernel wherever it runs natively.
         self.round_fused = self.fused_attention and self.device.type == "cuda"

@@ -51,6 +51,22 @@ def w12_twin(model: Transformer) -> Transformer:
     return to_w12(twin)
 
 
+def align_w12_escapes(model: nn.Module) -> None:
+    """Pad the kernel escapes of each projection to one length across the layers (``w12.linear.
+    pad_escapes_alike``: the same projection of every layer of one kind, e.g. every ``attn.wqkv``), so the
+    one compiled block (``run_block``) serves every layer of a W12 model without recompiling on escape
+    counts. A no-op for a model without W12 layers."""
+    from w12.linear import W12Linear, pad_escapes_alike
+
+    groups: dict[tuple[type, str], list] = {}
+    for layer in getattr(model, "layers", ()):
+        for name, m in layer.named_modules():
+            if isinstance(m, W12Linear):
+                groups.setdefault((type(layer), name), []).append(m)
+    for mods in groups.values():
+        pad_escapes_alike(mods)
+
+
 def has_w12(model: Transformer) -> bool:
     """Whether ``model``'s projections are W12 (what two-level verification's 8-bit view needs)."""
     from w12.linear import W12Linear
