@@ -25,7 +25,8 @@ def _argv(folders, out, *extra):
     return [
         "--target", "smollm2", "--model", str(folders / "target"), "--draft", str(folders / "draft"),
         "--device", "cpu", "--dtype", "float32", "--sets", "synthetic", "--concurrency", "1,2,4",
-        "--new-tokens", "6", "--min-requests", "3", "--gamma", "2", "--tree", "4,3,2", "--adaptive-depths", "2",
+        "--new-tokens", "6", "--min-requests", "3", "--requests-per-client", "2", "--gamma", "2", "--tree", "4,3,2",
+        "--adaptive-depths", "2",
         "--shared-budget", "6", "--prompt-admission", "64", "--max-seq-len", "128", "--results-dir", str(out),
         *extra,
     ]  # fmt: skip
@@ -40,7 +41,7 @@ def test_dry_run_on_cpu(folders, tmp_path):
     systems = ("ar", "stock", "specpilot", "specpilot_batched")
     assert set(cells) == {(s, n) for s in systems for n in (1, 2, 4)}
     for (s, n), c in cells.items():
-        assert c["requests"] == max(n, 3) and c["failed"] == 0 and c["tokens"] == 6 * c["requests"]
+        assert c["requests"] == max(2 * n, 3) and c["failed"] == 0 and c["tokens"] == 6 * c["requests"]
         assert c["total_tokens_per_s"] > 0 and c["ttft_p50_s"] > 0 and c["itl_p50_s"] > 0
         if s != "ar":
             assert c["same_as_ar"] == 1.0, (s, n)  # greedy and lossless: every request's tokens are AR's
@@ -57,7 +58,9 @@ def test_dry_run_on_cpu(folders, tmp_path):
     md = render_file(path)  # `make results`: the metrics, then the suite's own table
     assert "| batched_min_speedup_vs_ar |" in md and md.endswith(doc["table"])
     reqs = [r for r in doc["rows"] if r["case"] == "requests"]
-    assert len(reqs) == 12 and all(len(r["requests"]) == max(r["concurrency"], 3) for r in reqs)
+    assert len(reqs) == 12 and all(len(r["requests"]) == max(2 * r["concurrency"], 3) for r in reqs)
+    with pytest.raises(SystemExit, match="--requests-per-client must be >= 1"):
+        run_suite("batched", _argv(folders, tmp_path / "bad", "--requests-per-client", "0"))
 
 
 def test_deadline_part_errors_and_resume(folders, tmp_path):

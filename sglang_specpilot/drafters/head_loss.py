@@ -6,7 +6,8 @@ seven times a step (one per TTT step). The plain autograd form (``head_stats_ref
 training ran under activation checkpointing) writes the logits, casts them to fp32, runs log-softmax, multiplies by the
 teacher, sums, takes the argmax, and in the backward recomputes the logits and runs each op's backward:
 on the H200 (SmolLM2, 16 rows of 1,024 tokens, 62be095) "head_loss" took 44 ms and "backward" 80 ms of a
-199 ms step, about 100 bytes of memory traffic per logit for work that needs a few.
+199 ms step, about 100 bytes of memory traffic per logit for work that needs a few. With this pass
+(4fb4ff5, same data, a drafter MLP three times wider) they took 29 and 38 ms of a 107 ms step.
 
 How. Per chunk of rows: logits = x W^T (the compute dtype: bf16 under autocast), then one elementwise
 pass (``kl_chunk``, compiled on CUDA) gives the rows' KL sum, the hits, and dKL/dlogits = q - p (q the
