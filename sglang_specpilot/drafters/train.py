@@ -1,9 +1,10 @@
 """Self-distillation of a shared-head drafter: the target answers prompts, the drafter learns its
 next-token distribution on those answers.
 
-Data are prompts only, never reference answers, from two sources (``TRAIN_SOURCES``): HumanEval problems
+Data are prompts only, never reference answers, from these sources (``TRAIN_SOURCES``): HumanEval problems
 0-99 (100-163 stay held out for tau) and ``offline``, the committed set of chat-like prompts built from
-documentation that ships offline (``drafters.corpus``, ``drafters/data/offline_prompts.jsonl.gz``). MT-Bench is
+documentation that ships offline (``drafters.corpus``, ``drafters/data/offline_prompts.jsonl.gz``), plus
+``chat``, general chat prompts written for this project (``drafters.chat_prompts``). MT-Bench is
 an evaluation set: it is never a training source (``check_training_spec`` refuses ``mtbench``, and
 ``check_training_prompts`` refuses any prompt equal to an MT-Bench question or a held-out HumanEval problem
 whenever those packages are importable). The target's greedy answers (its own chat template) give the sequences;
@@ -27,7 +28,7 @@ from .shared_head import init_shared_drafter, save_shared_drafter
 
 HUMANEVAL_TRAIN = range(0, 100)
 # Prompt sets a drafter may be trained on (synthetic: random token ids, for tests without a tokenizer).
-TRAIN_SOURCES = ("humaneval", "offline", "synthetic")
+TRAIN_SOURCES = ("humaneval", "offline", "chat", "synthetic")
 EVAL_ONLY = ("mtbench",)
 
 
@@ -80,8 +81,8 @@ def check_training_spec(spec: str) -> None:
                     f"--prompts {part}: HumanEval {HUMANEVAL_TRAIN.stop}-163 are held out for tau; "
                     f"train on humaneval:0-{HUMANEVAL_TRAIN.stop - 1}"
                 )
-        if name == "offline" and arg and (not arg.isdigit() or int(arg) < 1):
-            raise ValueError(f"--prompts {part}: offline:N needs N >= 1")
+        if name in ("offline", "chat") and arg and (not arg.isdigit() or int(arg) < 1):
+            raise ValueError(f"--prompts {part}: {name}:N needs N >= 1")
 
 
 def _fold(text: str) -> str:
