@@ -638,7 +638,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     for name in TRAIN_ONLY[other]:
         if getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is a flag of --kind {other} (this is --kind {args.kind})")
-    if getattr(args, "init", None) is not None:
+    if args.init is not None:
         _continued_head(args)
     for name, value in {"layers": 2, **TRAIN_DEFAULTS[args.kind]}.items():
         if name == "steps" and args.kind == "eagle3" and args.train_seconds is not None:

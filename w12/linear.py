@@ -30,6 +30,7 @@ from torch import nn
 
 from w12.format import W12Tensor, decode_reference, decode_view8_reference
 from w12.kernels import INTERPRETED, escape_row_ptr, w12_gemm, w12_view8_gemm
+from w12.kernels.escapes import BLOCK_E
 from w12.kernels.gemm import COUNTER_SLOTS
 
 
@@ -138,13 +139,14 @@ class W12Linear(nn.Module):
 
 def pad_escapes_alike(modules) -> int:
     """Pad the kernel escapes of ``modules`` (W12Linear) to one length: the largest count among them, rounded
-    up to a multiple of 16 (the kernels' escape chunk), so a block compiled once runs all of them without a
-    recompile. Returns that length (0 for no modules)."""
+    up to a multiple of the kernels' escape chunk (``escapes.BLOCK_E``), so a block compiled once runs all
+    of them without a recompile. Returns that length (0 for no modules)."""
     modules = list(modules)
     if not modules:
         return 0
     most = max(int(m.esc_idx.numel()) for m in modules)
-    count = -(-most // 16) * 16
+    chunk = int(BLOCK_E.value)
+    count = -(-most // chunk) * chunk
     for m in modules:
         m.pad_escapes(count)
     return count

@@ -187,12 +187,13 @@ def _render(name: str, topic: str, rng: random.Random, group: dict[str, tuple[st
     )  # fmt: skip
 
 
-def _extraction(rng: random.Random) -> str:
-    """A made-up note and a request to pull its facts out (names, places, dates, numbers) as structure."""
+def _extraction(rng: random.Random, pool: list[str]) -> str:
+    """A made-up note about a topic of ``pool`` and a request to pull its facts out (names, places, dates,
+    numbers) as structure."""
     a, b = rng.sample(_NAMES, 2)
     org, place, month = rng.choice(_ORGS), rng.choice(PLACES), rng.choice(_MONTHS)
     day, people, cost = rng.randint(1, 28), rng.randint(8, 120), rng.randint(3, 90) * 10
-    topic = rng.choice(topics())
+    topic = rng.choice(pool)
     note = (
         f"On {month} {day}, {a} from {org} met {b} in {place} to plan an event about {topic}. They expect "
         f"{people} guests, set a budget of ${cost}, and agreed that {b} will send the invitations."
@@ -245,10 +246,11 @@ def chat_prompts(n: int | None = None, seed: int = 0) -> list[str]:
     combinations, extraction notes and reasoning problems, shuffled by ``seed``."""
     rng = random.Random(seed)
     group = {t: ts for ts in TOPICS.values() for t in ts}
-    combos = [(t, name) for t in topics() for name in TEMPLATES]
+    pool = topics()
+    combos = [(t, name) for t in pool for name in TEMPLATES]
     rng.shuffle(combos)
     out = [_render(name, t, rng, group) for t, name in combos]
-    out += [_extraction(rng) for _ in range(900)] + [_reasoning(rng) for _ in range(900)]
+    out += [_extraction(rng, pool) for _ in range(900)] + [_reasoning(rng) for _ in range(900)]
     seen: set[str] = set()
     unique = [p for p in out if not (p in seen or seen.add(p))]
     rng.shuffle(unique)

@@ -40,6 +40,7 @@ a time budget from the speed of the first steps.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -511,7 +512,6 @@ def fit_eagle3(
     # head "target": frozen, not a parameter
     if init is not None:
         drafter = continue_eagle3(target, init, intermediate_size)
-        data["continued"] = {"intermediate_size": init.cfg.intermediate_size, "draft_vocab": int(d2t.numel())}
     else:
         drafter = init_eagle3(target, d2t=d2t, head=head, intermediate_size=intermediate_size)
     params = [p for n, p in drafter.named_parameters() if not n.startswith("embed.")]
@@ -689,8 +689,6 @@ def train_eagle3(
     ``answers_out``: write the answers made here to that file; ``answers_only``: stop after writing it
     (returns the file's description); ``init_from``: a drafter folder to train further (``fit_eagle3``'s
     ``init``), whose training record the new marker keeps under ``continued_from``."""
-    import json
-
     from .answers_file import load_answers, save_answers, target_identity
 
     identity = target_identity(engine)
