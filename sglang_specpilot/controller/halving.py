@@ -26,17 +26,22 @@ def order_edits(edits: list[Edit], largest: str | None, limit: int, tried: set[s
     return (_spread(first) + _spread(rest))[:limit]
 
 
+# Edit kinds whose enumeration is already nearest-first (option_space._trees_near): taken in order.
+NEAREST_FIRST = ("tree",)
+
+
 def _spread(edits: list[Edit]) -> list[Edit]:
     # Interleave the edit kinds (gamma=, tree=, w12=...) so a short limit still sees each kind.
     kinds: dict[str, list[Edit]] = {}
     for e in edits:
         kinds.setdefault(e.id.split("=")[0], []).append(e)
-    out, queues = [], [list(reversed(q)) for q in kinds.values()]
-    while any(queues):
-        for q in queues:
+    out, queues = [], [(kind, list(reversed(q))) for kind, q in kinds.items()]
+    while any(q for _, q in queues):
+        for kind, q in queues:
             if q:
-                # From each kind alternately its last and first (e.g. the largest and smallest gamma).
-                out.append(q.pop(0 if len(out) % 2 else -1))
+                # From each kind alternately its last and first (e.g. the largest and smallest gamma); a
+                # nearest-first kind from its front.
+                out.append(q.pop() if kind in NEAREST_FIRST else q.pop(0 if len(out) % 2 else -1))
     return out
 
 

@@ -18,12 +18,15 @@ from dataclasses import asdict, dataclass, replace
 from ..config import EngineOptions, tree_candidates
 
 GAMMAS = (2, 3, 4, 5, 6, 8)
-TREE_DEPTHS = (4, 6, 8)
+TREE_DEPTHS = (3, 4, 5, 6, 8)
 TREE_TOP_KS = (4, 8)
 TREE_BUDGETS = (8, 16, 32, 64)
 LADDERS = ((1,), (1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64))
 TLV_CHAINS = (2, 4, 6)
 TREE_KEYS = ("tree_budget", "tree_depth", "tree_top_k")
+# The budget a chain's first tree edits centre on: the e2e suite's coordinate search picked N 32 at batch 1
+# on both the lifted 8B and the real SmolLM2 (benchmarks/results/e2e_h200.json, trees_h200.json).
+TREE_CENTRE_BUDGET = 32
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,8 @@ def _raw_edits(stock: EngineOptions, best: dict) -> list[tuple[str, dict, str]]:
             if g != cur.num_speculative_tokens:
                 out.append((f"gamma={g}", {"num_speculative_tokens": g}, "trees"))
     if model_drafter:
-        for d in TREE_DEPTHS:
-            for k in TREE_TOP_KS:
-                for n in TREE_BUDGETS:
-                    if n <= tree_candidates(d, k) and (n, d, k) != (cur.tree_budget, cur.tree_depth, cur.tree_top_k):
-                        out.append((f"tree={n}/{d}/{k}", {"tree_budget": n, "tree_depth": d, "tree_top_k": k}, "trees"))
+        for n, d, k in _trees_near(cur):
+            out.append((f"tree={n}/{d}/{k}", {"tree_budget": n, "tree_depth": d, "tree_top_k": k}, "trees"))
         if cur.tree:
             out.append(("chain", dict.fromkeys(TREE_KEYS), "trees"))
     if model_drafter:
@@ -114,6 +114,31 @@ def _raw_edits(stock: EngineOptions, best: dict) -> list[tuple[str, dict, str]]:
         if not cur.tree and cur.max_batch_size >= 2 and cur.draft is not None:
             out.append((f"colocate={'off' if cur.colocate else 'on'}", {"colocate": not cur.colocate}, "outside"))
     return out
+
+
+def _trees_near(cur: EngineOptions) -> list[tuple[int, int, int]]:
+    """Every tree of the grid except the current one, nearest first to the current configuration (its tree,
+    or for a chain a tree of its depth at ``TREE_CENTRE_BUDGET`` and the widest top-k): one coordinate away
+    before two. A round screens only its first few candidates, so the order is the search: the neighbours of
+    the current best, as a coordinate search would try them, not the grid's corners."""
+    if cur.tree:
+        n0, d0, k0 = cur.tree_budget, cur.tree_depth, cur.tree_top_k
+    else:
+        n0, d0, k0 = TREE_CENTRE_BUDGET, cur.num_speculative_tokens, max(TREE_TOP_KS)
+    grid = [
+        (n, d, k)
+        for d in TREE_DEPTHS
+        for k in TREE_TOP_KS
+        for n in TREE_BUDGETS
+        if n <= tree_candidates(d, k) and (n, d, k) != (cur.tree_budget, cur.tree_depth, cur.tree_top_k)
+    ]
+
+    def distance(t):
+        n, d, k = t
+        steps = (abs(TREE_BUDGETS.index(n) - TREE_BUDGETS.index(n0)) if n0 in TREE_BUDGETS else 1, abs(d - d0), k != k0)
+        return (sum(1 for x in steps if x), sum(steps), -n, d, -k)
+
+    return sorted(grid, key=distance)
 
 
 def legal_edits(stock: EngineOptions, best: dict) -> list[Edit]:

@@ -40,6 +40,15 @@ class EngineBackend:
         self._engines: OrderedDict[str, object] = OrderedDict()
         self._tau_best: dict = {}
 
+    def admits(self, delta: dict) -> bool:
+        """Whether this deployment's models can run ``delta`` (a tree's top-k must fit the drafter's vocabulary,
+        which ``EngineOptions`` cannot see)."""
+        from ..engine.engine import drafting_vocab
+
+        target, draft, _ = self._models[("bf16", "bf16")]
+        k = delta.get("tree_top_k")
+        return k is None or k <= drafting_vocab(target, draft)
+
     def _models_for(self, opts: EngineOptions):
         key = (opts.weights, opts.draft_weights)
         if key not in self._models:
@@ -102,8 +111,13 @@ class EngineBackend:
             from ..harness.tau_replay import tau_report
 
             ar = self.engine(self.ar_delta())
-            rep = tau_report(ar, draft, prompts, self.new_tokens, depth=6, top_k=8, budgets=(8, 16, 32, 64))
-            self._tau_best["v"] = max(v for k, v in rep.items() if k.startswith("tau_tree"))
+            from ..engine.engine import drafting_vocab
+
+            k = min(8, drafting_vocab(ar.target, draft))
+            rep = tau_report(ar, draft, prompts, self.new_tokens, depth=6, top_k=k, budgets=(8, 16, 32, 64))
+            trees = [v for k, v in rep.items() if k.startswith("tau_tree")]
+            # No replayed round (every generation ended at once): no tree headroom is known.
+            self._tau_best["v"] = max(trees) if trees else None
             self._tau_best["report"] = rep
         return self._tau_best["v"]
 

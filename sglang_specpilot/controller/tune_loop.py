@@ -145,7 +145,7 @@ class Tuner:
             rnd = self._round(r, best, noise, history, tried)
             rounds.append(rnd)
             self.bars.rounds.update(1)
-            if rnd["promoted"] is None:
+            if rnd["promoted"] is None and not rnd.get("memory_only"):
                 break  # converged: nothing passed, the next round would start from the same best
             best = rnd["best_after"]
         final = self._sealed_final(best, noise)
@@ -171,10 +171,15 @@ class Tuner:
         else:
             largest = "trees"  # the ablation: the most visible gap (tokens per step), whatever the ceiling says
         edits = legal_edits(self.b.stock, best)
+        if hasattr(self.b, "admits"):  # what the options allow but these models cannot run
+            edits = [e for e in edits if self.b.admits(applied(self.b.stock, best, e))]
         if self.cfg.kinds:
             edits = [e for e in edits if e.id.split("=")[0] in self.cfg.kinds]
         base_key = delta_key(best)
         tried_here = {h["id"] for h in history if h["base"] == base_key}
+        # Memory first: a deployment with applicable entries times only them in round 0 (a promoted entry
+        # skips the search that found it); the searched rounds follow from whatever won.
+        memory_only = r == 0 and bool(self.seeds)
         chosen, llm_info = (list(self.seeds) if r == 0 else []), None
         if self.llm is not None:
             past = [f for rnd in self._llm_rounds for f in rnd["feedback"]]
@@ -183,7 +188,7 @@ class Tuner:
             self._llm_rounds.append(llm_info)
             by_id = {e.id: e for e in edits}
             chosen = [by_id[i] for i in llm_info["accepted"] if i in by_id and i not in tried_here]
-        for e in order_edits(edits, largest, self.cfg.candidates, tried_here):
+        for e in [] if memory_only else order_edits(edits, largest, self.cfg.candidates, tried_here):
             if len(chosen) >= self.cfg.candidates:
                 break
             if e not in chosen:
@@ -218,6 +223,7 @@ class Tuner:
             new_best, promoted = stack["delta"], stack
         return {
             "round": r,
+            "memory_only": memory_only,
             "profile": prof,
             "ceiling": ceil,
             "largest": largest,

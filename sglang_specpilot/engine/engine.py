@@ -82,6 +82,12 @@ def scratch_slots(options: EngineOptions) -> int:
     return max(64, options.prefill_chunk, shape.reach + shape.max_emitted + 1)
 
 
+def drafting_vocab(target, draft) -> int:
+    """Tokens a drafter's children are chosen from: an EAGLE-3 drafter's reduced vocabulary, else the target's."""
+    spec = getattr(draft, "spec", None)
+    return min(target.cfg.vocab_size, getattr(spec, "draft_vocab", None) or target.cfg.vocab_size)
+
+
 class Engine:
     def __init__(self, target: Transformer, tokenizer, options: EngineOptions, draft: Transformer | None = None):
         options = options.resolved(target.cfg.max_position_embeddings)
@@ -99,8 +105,11 @@ class Engine:
             raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
         self.ngram = options.ngram_size if draft is None else 0
         speculative = draft is not None or self.ngram > 0
-        if options.tree and speculative and options.tree_top_k > target.cfg.vocab_size:
-            raise ValueError(f"tree_top_k {options.tree_top_k} exceeds the vocabulary ({target.cfg.vocab_size})")
+        if options.tree and speculative and options.tree_top_k > drafting_vocab(target, draft):
+            raise ValueError(
+                f"tree_top_k {options.tree_top_k} exceeds the vocabulary the drafter proposes from "
+                f"({drafting_vocab(target, draft)} tokens)"
+            )
         shape = round_shape(options, speculative)
         need_pos = options.max_seq_len + scratch_slots(options)
         for m in (target, draft):

@@ -45,6 +45,7 @@ BUILTIN_SUITE_MODULES = (
     "sglang_specpilot.suites.rounds",
     "sglang_specpilot.suites.tlv",
     "sglang_specpilot.suites.trees",
+    "sglang_specpilot.suites.tune",
     "sglang_specpilot.suites.w12_bits",
     "sglang_specpilot.suites.w12_gemm",
     "sglang_specpilot.suites.w12_ar",

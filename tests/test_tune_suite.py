@@ -1,0 +1,75 @@
+"""The tune suite (suites/tune.py): a dry run on the CPU with a tiny lifted target.
+
+The CPU's timings mean nothing (a promotion there is noise); what it checks is the bookkeeping an H200 run
+depends on: every part runs on one backend, each writes its folder and summary, a second run reads finished
+parts back instead of re-timing them, the memory part starts from the cold run's memory, the hand-picked
+configuration is parsed from an e2e table, and the issue's metrics are named.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import stand_in_folders
+
+from sglang_specpilot.harness.bench import run_suite
+from sglang_specpilot.suites.tune import candidates_timed, parse_setting
+
+V = 32  # the drafter vocabulary must hold the trees' top-k 8
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return stand_in_folders(tmp_path_factory.mktemp("tune"), V, perturb=0.2)
+
+
+def _argv(folders, out, work, *extra):
+    return [
+        "--model", str(folders / "target"), "--draft", str(folders / "draft"), "--device", "cpu",
+        "--target", "tiny", "--lift-layers", "4", "--max-seq-len", "128", "--prompts", "synthetic:2",
+        "--final-prompts", "synthetic:3", "--new-tokens", "4", "--rounds", "1", "--candidates", "2",
+        "--screen-blocks", "4", "--edits", "gamma,tree", "--manual", "6,3,2", "--work", str(work),
+        "--results-dir", str(out), *extra,
+    ]  # fmt: skip
+
+
+def test_dry_run_on_cpu(folders, tmp_path):
+    work = tmp_path / "work"
+    path = run_suite("tune", _argv(folders, tmp_path / "out", work))
+    doc = json.loads(path.read_text())
+    assert path.name == "tune_cpu.json" and doc["suite"] == "tune" and doc["errors"] == [], doc["errors"]
+    m = doc["metrics"]
+    for name in ("tune_final_speedup_vs_stock_bs1_tiny", "tune_final_over_best_manual_bs1_tiny",
+                 "tune_single_loop_ablation", "tune_single_loop_ablation_cost_model"):  # fmt: skip
+        assert m[name] > 0, name
+    assert m["tune_device_minutes"] > 0
+    # One round of two candidates (the gamma and tree edits nearest stock), and the memory run's count.
+    assert m["tune_memory_candidates_cold"] == 2
+    assert m["tune_memory_reuse_candidates_saved"] == 2 - m["tune_memory_candidates_reuse"]
+    for part in ("cold", "memory_reuse", "ablation"):
+        assert (work / part / "profile.json").exists() and (work / part / "summary.json").exists()
+    cold = doc["runs"]["cold"]
+    # Nearest stock first; tree 32/4/8 is left out: its top-k 8 exceeds the tiny drafter's 7-token vocabulary.
+    assert [s[0] for s in cold["rounds"][0]["screened"]] == ["gamma=2", "tree=32/4/4"]
+    manual = next(r for r in doc["rows"] if r["case"] == "manual")
+    assert manual["manual"] == {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
+    assert doc["model"]["lifted"]  # the tiny target takes the lift path (the stand-in's)
+    # A second run reads the finished parts back: nothing is timed again.
+    path2 = run_suite("tune", _argv(folders, tmp_path / "out2", work, "--parts", "cold,ablation"))
+    doc2 = json.loads(path2.read_text())
+    assert doc2["metrics"]["tune_final_speedup_vs_stock_bs1_tiny"] == m["tune_final_speedup_vs_stock_bs1_tiny"]
+    assert any("read back" in line for line in doc2["log"])
+
+
+def test_e2e_settings_parse():
+    assert parse_setting("tree N=32 D=3 K=8") == {"tree_budget": 32, "tree_depth": 3, "tree_top_k": 8}
+    assert parse_setting("chain gamma=3") == {"num_speculative_tokens": 3}
+    with pytest.raises(SystemExit):
+        parse_setting("tree N=32 D=3 K=8 + TLV L=4")
+
+
+def test_candidates_count_distinct_screens_and_stacks():
+    res = {"rounds": [{"round": 0, "screened": [{"id": "a"}, {"id": "b"}], "stack": {"id": "stack(a+b)"}},
+                      {"round": 1, "screened": [{"id": "a"}]}, {"round": 2, "stopped": "budget"}]}  # fmt: skip
+    assert candidates_timed(res) == 4
