@@ -123,6 +123,22 @@ def test_padded_escapes_keep_the_record_and_the_rows_ranges():
     assert pad_escapes_alike([]) == 0
 
 
+def test_view8_reads_the_kernel_escapes_padded_or_not():
+    # The 8-bit view (TLV's Q pass) builds its kernel record from the exact module's buffers: made before or
+    # after the padding, and padded again on its own model (align_w12_escapes on the view twin).
+    from w12.view8_linear import W12View8Linear
+
+    mods = _layers_with_escapes()
+    fresh = W12View8Linear(mods[0])
+    assert torch.equal(fresh.kernel_weight.esc_idx, mods[0].esc_idx)
+    n = pad_escapes_alike(mods)
+    view = W12View8Linear(mods[0])
+    assert view.kernel_weight.esc_idx.numel() == n and view.kernel_weight.hi is mods[0].hi
+    fresh.pad_escapes(n)
+    assert torch.equal(fresh.kernel_weight.esc_idx, view.kernel_weight.esc_idx)
+    assert torch.equal(fresh.forward_view8(torch.ones(2, 64)), view.forward_view8(torch.ones(2, 64)))
+
+
 @kernel_case
 def test_kernel_padded_escapes_give_the_same_output_and_compile_once():
     from torch._dynamo.utils import counters

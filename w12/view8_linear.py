@@ -14,7 +14,10 @@ from torch import nn
 
 from w12.linear import W12Linear
 
-_SHARED = ("hi", "lo", "base", "esc_idx", "esc_val", "bias", "esc_row_ptr", "counters")
+# With the kernels' escape lists (``pad_escapes``): a view made after its exact module was padded reads the
+# same padded lists, and ``align_w12_escapes`` on the view's own model pads the view alike.
+_SHARED = ("hi", "lo", "base", "esc_idx", "esc_val", "bias", "esc_row_ptr", "counters", "kernel_esc_idx",
+           "kernel_esc_val")  # fmt: skip
 
 
 class W12View8Linear(W12Linear):
