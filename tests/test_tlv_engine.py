@@ -213,3 +213,23 @@ def test_cli_tlv_flags_reach_the_options():
     o = engine_options(args)
     assert (o.tlv, o.tlv_chain_len, o.tlv_hang_budget, o.tlv_root_budget) == (True, 3, 2, 1)
     assert not engine_options(build_parser().parse_args(["generate", "--prompt", "x", "--device", "cpu"])).tlv
+
+
+@pytest.mark.gpu
+def test_second_w12_engine_keeps_the_first_engines_graphs():
+    # Layers with different escape counts (zeros are escapes), so a compiling runner pads them; a second
+    # engine on the same model pads again, which must leave the tensors the first engine captured in place
+    # (on the H200 a copy freed them under the first engine's graphs: an illegal memory access).
+    base = tiny_model("tiny-llama", vocab_size=V, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for i, layer in enumerate(base.layers):
+            layer.attn.wqkv.weight[1, : 3 + 5 * i] = 0.0
+    target = to_w12(base).cuda()
+    counts = {int(layer.attn.wqkv.esc_idx.numel()) for layer in target.layers}
+    assert len(counts) > 1
+    ps = prompts([5, 11, 3], V, seed=3)
+    first = _engine(target, target.truncated(1), device="cuda", num_speculative_tokens=3)
+    ref = _ids(first, ps, n=24)
+    second = _engine(target, target.truncated(1), device="cuda", tlv=True, **SHAPES["chain"])
+    assert _ids(first, ps, n=24) == ref
+    assert _ids(second, ps, n=24) == ref

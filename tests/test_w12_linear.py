@@ -116,6 +116,9 @@ def test_padded_escapes_keep_the_record_and_the_rows_ranges():
         assert set(m.state_dict()) == set(sd) and all(torch.equal(sd[k], v) for k, v in m.state_dict().items())
         assert torch.equal(m.esc_row_ptr, ptr)
         assert torch.equal(escape_row_ptr(m.kernel_weight), ptr)  # the pads lie past every row's range
+    # Padding again to the same length keeps the very tensors (a captured graph may read them by address).
+    kept = [m.kernel_esc_idx.data_ptr() for m in mods]
+    assert pad_escapes_alike(mods) == n and [m.kernel_esc_idx.data_ptr() for m in mods] == kept
     with pytest.raises(ValueError, match="escapes"):
         mods[-1].pad_escapes(counts[-1] - 1)
     mods[0].load_state_dict(mods[1].state_dict())  # a loaded record drops the padding

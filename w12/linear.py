@@ -102,6 +102,12 @@ class W12Linear(nn.Module):
         real = int(self.esc_idx.numel())
         if count < real:
             raise ValueError(f"pad_escapes({count}): this weight has {real} escapes")
+        if self.kernel_esc_idx.numel() == count and (count > real or self.kernel_esc_idx is self.esc_idx):
+            # Already this length: keep the tensors. Every engine's runner pads the model it runs, and a CUDA
+            # graph another engine captured on the same model reads these by address: a new copy would free
+            # the old one under that graph (on the H200 the tlv suite's second engine did exactly that, and
+            # the first engine's next replay hit an illegal memory access).
+            return
         if count == real:
             self.kernel_esc_idx, self.kernel_esc_val = self.esc_idx, self.esc_val
             return
