@@ -14,7 +14,7 @@ import pytest
 from helpers import stand_in_folders
 
 from sglang_specpilot.harness.bench import run_suite
-from sglang_specpilot.suites.tune import candidates_timed, parse_setting
+from sglang_specpilot.suites.tune import candidates_timed, candidates_to_final, parse_setting
 
 V = 32  # the drafter vocabulary must hold the trees' top-k 8
 
@@ -45,8 +45,9 @@ def test_dry_run_on_cpu(folders, tmp_path):
         assert m[name] > 0, name
     assert m["tune_device_minutes"] > 0
     # One round of two candidates (the gamma and tree edits nearest stock), and the memory run's count.
-    assert m["tune_memory_candidates_cold"] == 2
-    assert m["tune_memory_reuse_candidates_saved"] == 2 - m["tune_memory_candidates_reuse"]
+    assert m["tune_memory_candidates_timed_cold"] == 2 and m["tune_memory_candidates_cold"] in (0, 2)
+    saved = m["tune_memory_candidates_cold"] - m["tune_memory_candidates_reuse"]
+    assert m["tune_memory_reuse_candidates_saved"] == saved
     for part in ("cold", "memory_reuse", "ablation"):
         assert (work / part / "profile.json").exists() and (work / part / "summary.json").exists()
     cold = doc["runs"]["cold"]
@@ -73,3 +74,12 @@ def test_candidates_count_distinct_screens_and_stacks():
     res = {"rounds": [{"round": 0, "screened": [{"id": "a"}, {"id": "b"}], "stack": {"id": "stack(a+b)"}},
                       {"round": 1, "screened": [{"id": "a"}]}, {"round": 2, "stopped": "budget"}]}  # fmt: skip
     assert candidates_timed(res) == 4
+
+
+def test_candidates_to_final_stop_at_the_promoting_round():
+    rounds = [{"round": 0, "promoted": "memory:x", "screened": [{"id": "memory:x"}]},
+              {"round": 1, "promoted": None, "screened": [{"id": "a"}, {"id": "b"}, {"id": "c"}]}]  # fmt: skip
+    assert candidates_to_final(rounds) == 1
+    rounds[1]["promoted"], rounds[1]["stack"] = "b", {"id": "stack(b+c)"}
+    assert candidates_to_final(rounds) == 5
+    assert candidates_to_final([{"round": 0, "promoted": None, "screened": [{"id": "a"}]}]) == 0

@@ -14,7 +14,8 @@ resumes from its ``state.json`` in the next device call and a finished one is re
   prompts in one run: ``tune_final_over_best_manual_bs1_lifted8b``.
 - ``memory``: a second deployment of the same stand-in (a fresh tuning folder) started from the memory the
   cold run wrote: its entries are timed first, the search goes on from what won. Candidates timed to reach
-  its final, against the cold run's: ``tune_memory_candidates_{cold,reuse}`` and ``..._saved``.
+  its final (through the round that promoted it), against the cold run's: ``tune_memory_candidates_{cold,
+  reuse}`` and ``..._saved``; ``..._timed_{cold,reuse}`` count every candidate, the confirming rounds too.
 - ``ablation``: the cold run's settings without the cost model (each round's "largest factor" replaced by
   the most visible gap, tokens per step), ``tune_single_loop_ablation`` beside the cost model's final.
 
@@ -110,6 +111,15 @@ def candidates_timed(res: dict) -> int:
     return len(ids)
 
 
+def candidates_to_final(rounds: list[dict]) -> int:
+    """Candidates timed up to and including the round that promoted the final system (the issue's "to reach
+    its final"); the rounds after it, which promoted nothing, only confirmed it. 0 when nothing was promoted."""
+    last = max((i for i, r in enumerate(rounds) if r.get("promoted")), default=None)
+    if last is None:
+        return 0
+    return sum(len(r.get("screened", [])) + bool(r.get("stack")) for r in rounds[: last + 1])
+
+
 def run_summary(res: dict, doc: dict, elapsed_s: float) -> dict:
     final = res["final"]
     t = final.get("timing") or {}
@@ -127,6 +137,7 @@ def run_summary(res: dict, doc: dict, elapsed_s: float) -> dict:
             for r in res["rounds"]
         ],
         "candidates_timed": candidates_timed(res),
+        "candidates_to_final": candidates_to_final(res["rounds"]),
         "stock_noise": res["stock_noise"],
         "costmodel_validation": {k: res["validation"][k] for k in ("n", "error_median", "error_max")},
         "minutes": elapsed_s / 60,
@@ -226,7 +237,8 @@ class _Run(RunLog):
                 m[f"tune_final_speedup_vs_ar_bs1{s}"] = round(r["speedup_vs_ar"], 4)
             m["tune_device_minutes"] = round(r["minutes"], 2)
             m["tune_final_confirmed"] = int(r["confirmed"])
-            m["tune_memory_candidates_cold"] = r["candidates_timed"]
+            m["tune_memory_candidates_cold"] = r["candidates_to_final"]
+            m["tune_memory_candidates_timed_cold"] = r["candidates_timed"]
         elif name == "manual":
             self.manual()
         elif name == "memory":
@@ -239,10 +251,14 @@ class _Run(RunLog):
             self.say(f"memory: {len(sd)} applicable entries")
             r = self.tune("memory_reuse", seeds=sd)
             self.out["runs"]["memory_reuse"] = {k: v for k, v in r.items() if k != "result"} | {"seeds": sd}
-            n_cold = json.loads(cold.read_text())["candidates_timed"]
-            m["tune_memory_candidates_cold"] = n_cold
-            m["tune_memory_candidates_reuse"] = r["candidates_timed"]
-            m["tune_memory_reuse_candidates_saved"] = n_cold - r["candidates_timed"]
+            c = json.loads(cold.read_text())
+            # The issue's count: candidates timed to reach the final; every candidate timed beside it.
+            m["tune_memory_candidates_cold"] = c["candidates_to_final"]
+            m["tune_memory_candidates_reuse"] = r["candidates_to_final"]
+            m["tune_memory_reuse_candidates_saved"] = c["candidates_to_final"] - r["candidates_to_final"]
+            m["tune_memory_candidates_timed_cold"] = c["candidates_timed"]
+            m["tune_memory_candidates_timed_reuse"] = r["candidates_timed"]
+            m["tune_memory_reuse_same_final"] = int(r["best"] == c["best"])
             m[f"tune_memory_reuse_speedup_vs_stock_bs1{s}"] = round(r["speedup_vs_stock"], 4)
         elif name == "ablation":
             r = self.tune("ablation", use_cost_model=False)
