@@ -33,3 +33,21 @@ def test_prediction_and_validation():
         [{"candidate": "a", "predicted": 1.1, "measured": 1.0}, {"candidate": "b", "predicted": 1.0, "measured": 1.0}]
     )
     assert v["n"] == 2 and v["error_max"] == pytest.approx(0.1)
+
+
+def test_the_round_works_on_the_largest_factor_it_has_edits_for():
+    from sglang_specpilot.controller.halving import largest_workable, order_edits
+    from sglang_specpilot.controller.option_space import FALLBACK, Edit
+
+    def e(i, f):
+        return Edit(i, (), f)
+
+    edits = [e("compile=off", FALLBACK), e("gamma=2", "trees"), e("tree=32/4/8", "trees"), e("ladder=1", "outside")]
+    factors = {"trees": 1.3, "kernels": 1.6, "outside": 1.1}
+    # Kernels have the most headroom, but switching compile off cannot close it: the trees factor is worked on.
+    assert largest_workable(factors, edits, set()) == "trees"
+    assert largest_workable(factors, edits + [e("w12=on", "kernels")], set()) == "kernels"
+    assert largest_workable(factors, edits, {"gamma=2", "tree=32/4/8"}) == "outside"
+    assert largest_workable({"trees": None, "kernels": None, "outside": None}, edits, set()) is None
+    # Fallbacks come after every other factor's edits.
+    assert [x.id for x in order_edits(edits, "kernels", 10, set())][-1] == "compile=off"

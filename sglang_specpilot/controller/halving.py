@@ -15,15 +15,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .option_space import Edit
+from .option_space import FALLBACK, Edit
 
 
 def order_edits(edits: list[Edit], largest: str | None, limit: int, tried: set[str]) -> list[Edit]:
-    """Edits of the largest ceiling factor first (in enumeration order), untried ones only, at most ``limit``."""
+    """Edits of the largest ceiling factor first (in enumeration order), then the other factors', fallbacks
+    (switching a mechanism off) last; untried ones only, at most ``limit``."""
     fresh = [e for e in edits if e.id not in tried]
     first = [e for e in fresh if e.factor == largest]
-    rest = [e for e in fresh if e.factor != largest]
-    return (_spread(first) + _spread(rest))[:limit]
+    rest = [e for e in fresh if e.factor not in (largest, FALLBACK)]
+    last = [e for e in fresh if e.factor == FALLBACK and largest != FALLBACK]
+    return (_spread(first) + _spread(rest) + _spread(last))[:limit]
+
+
+def largest_workable(factors: dict, edits: list[Edit], tried: set[str]) -> str | None:
+    """The largest ceiling factor that some untried edit works on. A factor with headroom but no edit to
+    close it (kernels over their floors when the only kernel edit is switching compile off) would spend the
+    round's candidates on edits that cannot gain; on the H200 the lifted 8B's first round did that (3 of 6
+    candidates: compile off, graphs off, a ladder; benchmarks/results/tune_h200.json)."""
+    have = {e.factor for e in edits if e.id not in tried}
+    ranked = sorted(((v, k) for k, v in factors.items() if v is not None), reverse=True)
+    return next((k for _, k in ranked if k in have), ranked[0][1] if ranked else None)
 
 
 # Edit kinds whose enumeration is already nearest-first (option_space._trees_near): taken in order.

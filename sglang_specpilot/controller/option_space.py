@@ -7,7 +7,8 @@ the result and it can change something on this device: ``compile`` and the CUDA-
 CUDA, so a CPU run does not offer them; W12 needs bfloat16, so a float32 run is refused by the options.
 
 Each edit is tagged with the ceiling factor it works on (trees / kernels / outside), so the round's largest
-factor orders the proposals. Co-location needs two KV rows (``max_batch_size >= 2``) and chain rounds.
+factor orders the proposals; switching compile or the CUDA graphs off works on none ("fallback").
+Co-location needs two KV rows (``max_batch_size >= 2``) and chain rounds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TREE_BUDGETS = (8, 16, 32, 64)
 LADDERS = ((1,), (1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64))
 TLV_CHAINS = (2, 4, 6)
 TREE_KEYS = ("tree_budget", "tree_depth", "tree_top_k")
+FALLBACK = "fallback"  # the factor tag of edits that switch a speed mechanism off
 # The budget a chain's first tree edits centre on: the e2e suite's coordinate search picked N 32 at batch 1
 # on both the lifted 8B and the real SmolLM2 (benchmarks/results/e2e_h200.json, trees_h200.json).
 TREE_CENTRE_BUDGET = 32
@@ -104,10 +106,16 @@ def _raw_edits(stock: EngineOptions, best: dict) -> list[tuple[str, dict, str]]:
         other = "bf16" if getattr(cur, key) == "w12" else "w12"
         out.append((f"{label}={'on' if other == 'w12' else 'off'}", {key: other}, "kernels"))
     if cur.device.startswith("cuda"):
-        out.append((f"compile={'off' if cur.compile_on else 'on'}", {"compile": not cur.compile_on}, "kernels"))
+        # Turning compile or the graphs off works on no factor (it adds kernel time or launch gaps): a fallback
+        # for a deployment where they misbehave, screened after every edit that could close a gap.
         out.append(
-            (f"cuda_graphs={'off' if cur.cuda_graphs else 'on'}", {"cuda_graphs": not cur.cuda_graphs}, "outside")
-        )
+            (f"compile={'off' if cur.compile_on else 'on'}", {"compile": not cur.compile_on},
+             FALLBACK if cur.compile_on else "kernels")
+        )  # fmt: skip
+        out.append(
+            (f"cuda_graphs={'off' if cur.cuda_graphs else 'on'}", {"cuda_graphs": not cur.cuda_graphs},
+             FALLBACK if cur.cuda_graphs else "outside")
+        )  # fmt: skip
         for lad in LADDERS:
             if tuple(lad) != tuple(cur.graph_batch_sizes):
                 out.append((f"ladder={'-'.join(map(str, lad))}", {"graph_batch_sizes": list(lad)}, "outside"))

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from ..harness.token_forcing import ForcingReport, Mismatch, compare_forcing
 from . import judge
 from .costmodel import ceiling, predicted_gain, validate
-from .halving import order_edits, rungs, successive_halving
+from .halving import largest_workable, order_edits, rungs, successive_halving
 from .option_space import Edit, applied, delta_key, legal_edits
 from .tune_state import TuneState
 
@@ -166,10 +166,6 @@ class Tuner:
     def _round(self, r: int, best: dict, noise: float, history: list, tried: set) -> dict:
         prof = self.profile(best)
         ceil = ceiling(prof)
-        if self.cfg.use_cost_model:
-            largest = ceil["largest"]
-        else:
-            largest = "trees"  # the ablation: the most visible gap (tokens per step), whatever the ceiling says
         edits = legal_edits(self.b.stock, best)
         if hasattr(self.b, "admits"):  # what the options allow but these models cannot run
             edits = [e for e in edits if self.b.admits(applied(self.b.stock, best, e))]
@@ -177,6 +173,11 @@ class Tuner:
             edits = [e for e in edits if e.id.split("=")[0] in self.cfg.kinds]
         base_key = delta_key(best)
         tried_here = {h["id"] for h in history if h["base"] == base_key}
+        if self.cfg.use_cost_model:
+            # The largest factor this round's edits can work on (the ceiling's own largest is reported too).
+            largest = largest_workable(ceil["factors"], edits, tried_here)
+        else:
+            largest = "trees"  # the ablation: the most visible gap (tokens per step), whatever the ceiling says
         # Memory first: a deployment with applicable entries times only them in round 0 (a promoted entry
         # skips the search that found it); the searched rounds follow from whatever won.
         memory_only = r == 0 and bool(self.seeds)
@@ -227,6 +228,7 @@ class Tuner:
             "profile": prof,
             "ceiling": ceil,
             "largest": largest,
+            "ceiling_largest": ceil["largest"],
             "legal_edits": len(edits),
             "llm": llm_info,
             "screened": screened,
