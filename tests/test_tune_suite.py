@@ -41,13 +41,13 @@ def test_dry_run_on_cpu(folders, tmp_path):
     assert path.name == "tune_cpu.json" and doc["suite"] == "tune" and doc["errors"] == [], doc["errors"]
     m = doc["metrics"]
     for name in ("tune_final_speedup_vs_stock_bs1_tiny", "tune_final_over_best_manual_bs1_tiny",
-                 "tune_single_loop_ablation", "tune_single_loop_ablation_cost_model"):  # fmt: skip
+                 "tune_single_loop_ablation_tiny", "tune_single_loop_ablation_cost_model_tiny"):  # fmt: skip
         assert m[name] > 0, name
-    assert m["tune_device_minutes"] > 0
+    assert m["tune_device_minutes_tiny"] > 0  # every name carries the target unless it is the 8B
     # One round of two candidates (the gamma and tree edits nearest stock), and the memory run's count.
-    assert m["tune_memory_candidates_timed_cold"] == 2 and m["tune_memory_candidates_cold"] in (0, 2)
-    saved = m["tune_memory_candidates_cold"] - m["tune_memory_candidates_reuse"]
-    assert m["tune_memory_reuse_candidates_saved"] == saved
+    assert m["tune_memory_candidates_timed_cold_tiny"] == 2 and m["tune_memory_candidates_cold_tiny"] in (0, 2)
+    saved = m["tune_memory_candidates_cold_tiny"] - m["tune_memory_candidates_reuse_tiny"]
+    assert m["tune_memory_reuse_candidates_saved_tiny"] == saved
     for part in ("cold", "memory_reuse", "ablation"):
         assert (work / part / "profile.json").exists() and (work / part / "summary.json").exists()
     cold = doc["runs"]["cold"]

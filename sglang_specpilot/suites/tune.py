@@ -319,6 +319,9 @@ class _Run(RunLog):
             except Exception as e:
                 self.error(name, e)
             self.write(name)
+        if self.args.target != "llama-3.1-8b":  # the unsuffixed names are the 8B's: a merge keeps both
+            m = self.out["metrics"]
+            self.out["metrics"] = {k if k.endswith(self.sfx) else k + self.sfx: v for k, v in m.items()}
         self.out["log"] = self.say.lines
         self.say(f"done: {self.out['metrics']}")
         return self.out
