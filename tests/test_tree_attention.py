@@ -430,3 +430,16 @@ def test_cuda_graph_replay_follows_seq_len(win):
         seq_len.copy_(torch.tensor(lens))
         graph.replay()
         assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.bfloat16], f"replay {lens}")
+
+
+def test_tuning_env_hook_parses_and_refuses():
+    from sglang_specpilot.kernels.tree_attention import Tuning, _tuning_from_env
+
+    assert _tuning_from_env("") == {}
+    got = _tuning_from_env("tree=128,64,64,4,3,1.0; decode=16,16,128,4,2,2")
+    assert got["tree"] == Tuning(128, 64, block_s=64, num_warps=4, num_stages=3, waves=1.0)
+    assert got["decode"].block_s == 128 and got["decode"].waves == 2.0
+    with pytest.raises(ValueError, match="unknown regime"):
+        _tuning_from_env("tre=1,2,3,4,5,6")
+    with pytest.raises(ValueError, match="is not regime="):
+        _tuning_from_env("tree=1,2")

@@ -38,6 +38,7 @@ one each call), so two calls must not run at once on different streams.
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -138,6 +139,32 @@ TUNING = {
     # two changes at once across runs, so not an A/B of either (attention_engine_check_h200.json).
     "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5),
 }
+# A benchmarking hook, for engine A/B runs of a regime's entry in separate processes (the entry is baked
+# into compiled graphs, so one process cannot switch it): SPECPILOT_ATTENTION_TUNING="tree=128,64,64,4,3,1.0"
+# (max_block_r, small_grid_block_r, block_s, num_warps, num_stages, waves; ";" between regimes). Why: the
+# rounds suite measured the tree round's attention 29% slower in the engine with this table and merge than
+# with the former entry (tree=128,64,64,4,3,1.0) and merge, while the sweep's microbenchmark timed it faster
+# (rounds_h200.json's attachments); the two changes were never separated.
+TUNING_ENV = "SPECPILOT_ATTENTION_TUNING"
+
+
+def _tuning_from_env(text: str) -> dict[str, Tuning]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        regime, _, vals = part.partition("=")
+        if regime not in TUNING:
+            raise ValueError(f"{TUNING_ENV}: unknown regime {regime!r} (use {', '.join(TUNING)})")
+        try:
+            r, small, bs, warps, stages, waves = vals.split(",")
+            out[regime] = Tuning(int(r), int(small), block_s=int(bs), num_warps=int(warps), num_stages=int(stages),
+                                 waves=float(waves))  # fmt: skip
+        except ValueError:
+            raise ValueError(f"{TUNING_ENV}: {part!r} is not regime=max_block_r,small_block_r,block_s,warps,"
+                             "stages,waves") from None  # fmt: skip
+    return out
+
+
+TUNING.update(_tuning_from_env(os.environ.get(TUNING_ENV, "")))
 # The largest row tile the launcher takes (16 warps; at head_dim 128 they spill registers on sm_90).
 MAX_BLOCK_R = 256
 # Cap on the split grid: programs past the live range still cost a launch slot each. With MAX_SPLITS x 128
