@@ -38,31 +38,13 @@ REPEATS = 20
 
 
 def graph_us_per_call(calls, repeats: int = REPEATS) -> float:
-    """Median microseconds per call of a CUDA graph that runs ``calls`` once each."""
-    for c in calls[:2]:
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls[:2]:
-            c()
-        with torch.cuda.graph(g, stream=s):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / len(calls))
-    return statistics.median(out)
+    """Median microseconds per call of a CUDA graph that runs ``calls`` once each (the harness's capture and
+    CUDA-event timer)."""
+    from sglang_specpilot.harness.graphs import graph_replay
+    from sglang_specpilot.harness.timing import cuda_times_ms
+
+    replay = graph_replay(lambda: [c() for c in calls], warmup=1)
+    return statistics.median(cuda_times_ms(replay, repeats)) * 1e3 / len(calls)
 
 
 def close(y, ref) -> bool:

@@ -102,7 +102,7 @@ class W12Linear(nn.Module):
         real = int(self.esc_idx.numel())
         if count < real:
             raise ValueError(f"pad_escapes({count}): this weight has {real} escapes")
-        if self.kernel_esc_idx.numel() == count and (count > real or self.kernel_esc_idx is self.esc_idx):
+        if count > real and self.kernel_esc_idx.numel() == count:
             # Already this length: keep the tensors. Every engine's runner pads the model it runs, and a CUDA
             # graph another engine captured on the same model reads these by address: a new copy would free
             # the old one under that graph (on the H200 the tlv suite's second engine did exactly that, and

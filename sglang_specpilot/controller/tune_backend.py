@@ -108,13 +108,12 @@ class EngineBackend:
         if draft is None or self.stock.draft is None:
             return None
         if "v" not in self._tau_best:
+            from ..engine.engine import drafting_vocab
             from ..harness.tau_replay import tau_report
 
             ar = self.engine(self.ar_delta())
-            from ..engine.engine import drafting_vocab
-
-            k = min(8, drafting_vocab(ar.target, draft))
-            rep = tau_report(ar, draft, prompts, self.new_tokens, depth=6, top_k=k, budgets=(8, 16, 32, 64))
+            top_k = min(8, drafting_vocab(ar.target, draft))
+            rep = tau_report(ar, draft, prompts, self.new_tokens, depth=6, top_k=top_k, budgets=(8, 16, 32, 64))
             trees = [v for k, v in rep.items() if k.startswith("tau_tree")]
             # No replayed round (every generation ended at once): no tree headroom is known.
             self._tau_best["v"] = max(trees) if trees else None

@@ -167,8 +167,7 @@ class Tuner:
         prof = self.profile(best)
         ceil = ceiling(prof)
         edits = legal_edits(self.b.stock, best)
-        if hasattr(self.b, "admits"):  # what the options allow but these models cannot run
-            edits = [e for e in edits if self.b.admits(applied(self.b.stock, best, e))]
+        edits = [e for e in edits if self.b.admits(applied(self.b.stock, best, e))]  # what these models can run
         if self.cfg.kinds:
             edits = [e for e in edits if e.id.split("=")[0] in self.cfg.kinds]
         base_key = delta_key(best)

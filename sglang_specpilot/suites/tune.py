@@ -226,12 +226,24 @@ class _Run(RunLog):
                  f"{summary['candidates_timed']} candidates, {summary['minutes']:.1f} min")  # fmt: skip
         return summary
 
+    def cold_summary(self, needed_by: str | None = None) -> dict | None:
+        """The cold run's summary; None when it has not run, or an error naming the part that needs it."""
+        path = self.work / "cold" / "summary.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        if needed_by:
+            raise RuntimeError(f"the {needed_by} part needs the cold run (part cold) first")
+        return None
+
+    def keep_run(self, name: str, summary: dict, **extra) -> None:
+        self.out["runs"][name] = {k: v for k, v in summary.items() if k != "result"} | extra
+
     # ---- parts -------------------------------------------------------------------------------------
     def part(self, name: str) -> None:
         m, s = self.out["metrics"], self.sfx
         if name == "cold":
             r = self.tune("cold")
-            self.out["runs"]["cold"] = {k: v for k, v in r.items() if k != "result"}
+            self.keep_run("cold", r)
             m[f"tune_final_speedup_vs_stock_bs1{s}"] = round(r["speedup_vs_stock"], 4)
             if r["speedup_vs_ar"]:
                 m[f"tune_final_speedup_vs_ar_bs1{s}"] = round(r["speedup_vs_ar"], 4)
@@ -244,14 +256,11 @@ class _Run(RunLog):
         elif name == "memory":
             from ..controller.tune_memory import seeds
 
-            cold = self.work / "cold" / "summary.json"
-            if not cold.exists():
-                raise RuntimeError("the memory part needs the cold run (part cold) first")
+            c = self.cold_summary(needed_by="memory")
             sd = seeds(self.work / "memory", self.backend.stock)
             self.say(f"memory: {len(sd)} applicable entries")
             r = self.tune("memory_reuse", seeds=sd)
-            self.out["runs"]["memory_reuse"] = {k: v for k, v in r.items() if k != "result"} | {"seeds": sd}
-            c = json.loads(cold.read_text())
+            self.keep_run("memory_reuse", r, seeds=sd)
             # The issue's count: candidates timed to reach the final; every candidate timed beside it.
             m["tune_memory_candidates_cold"] = c["candidates_to_final"]
             m["tune_memory_candidates_reuse"] = r["candidates_to_final"]
@@ -262,25 +271,23 @@ class _Run(RunLog):
             m[f"tune_memory_reuse_speedup_vs_stock_bs1{s}"] = round(r["speedup_vs_stock"], 4)
         elif name == "ablation":
             r = self.tune("ablation", use_cost_model=False)
-            self.out["runs"]["ablation"] = {k: v for k, v in r.items() if k != "result"}
+            self.keep_run("ablation", r)
             m["tune_single_loop_ablation"] = round(r["speedup_vs_stock"], 4)
-            cold = self.work / "cold" / "summary.json"
-            if cold.exists():
-                m["tune_single_loop_ablation_cost_model"] = round(json.loads(cold.read_text())["speedup_vs_stock"], 4)
+            c = self.cold_summary()
+            if c is not None:
+                m["tune_single_loop_ablation_cost_model"] = round(c["speedup_vs_stock"], 4)
 
     def manual(self) -> None:
         from ..controller import judge
 
-        cold, done = self.work / "cold" / "summary.json", self.work / "manual.json"
+        done = self.work / "manual.json"
         if done.exists():
             self.say(f"manual: read back from {done}")
             rec = json.loads(done.read_text())
             self.out["rows"].append(rec)
             self.out["metrics"][f"tune_final_over_best_manual_bs1{self.sfx}"] = rec["tuned_over_manual"]
             return
-        if not cold.exists():
-            raise RuntimeError("the manual part needs the cold run (part cold) first")
-        tuned = json.loads(cold.read_text())["best"]
+        tuned = self.cold_summary(needed_by="manual")["best"]
         delta, source = manual_delta(self.args)
         from ..controller.option_space import normalize
 
