@@ -162,7 +162,10 @@ def test_pick_config():
     # fp32 decode keeps 64-slot blocks (a 128 x 128 fp32 tile pair per stage would not fit twice).
     assert pick_config(1, 4, 8, 4224, 4, 132).block_s == 64
     # A 64-token verify tree: 64-row tiles (4 a kv head), half a wave: 2 splits (the H200 sweep's best).
-    assert pick_config(1, 256, 8, 4224, 2, 132) == Config(64, 64, 2, 1, 4, 3)
+    # A split covers at least 8 blocks: at 1k cached tokens and more the 8B's verify still runs both.
+    assert pick_config(1, 256, 8, 4224, 2, 132) == Config(64, 64, 2, 8, 4, 3)
+    # SmolLM2's 33-token verify (3 kv heads, G 3): 6 programs get 11 splits, live only from 88 blocks on.
+    assert pick_config(1, 99, 3, 2112, 2, 132) == Config(64, 64, 11, 8, 4, 3)
     # The tests' pinned count wins.
     assert pick_config(1, 256, 8, 4224, 2, 132, num_splits=7).num_splits == 7
 
@@ -347,6 +350,21 @@ def test_kernel_odd_shapes_balanced(n, groups, seq, head_dim, num_splits, monkey
     q, k, v, seq_len, anc = make_case(1, n, groups, head_dim, [seq], "tree", kv_heads=1, cap=ODD_S)
     out = tree_attention(q, k, v, seq_len, anc, num_splits=num_splits)
     assert_close(out, tree_attention_ref(q, k, v, seq_len, anc), TOL[torch.float32], f"Nq {n}, seq {seq}")
+
+
+@kernel_case
+@pytest.mark.parametrize("seq", [5, 14 * 64 - 33, 16 * 64 - 33, 16 * 64 - 32, 24 * 64 - 33])
+def test_kernel_live_splits_follow_context(seq):
+    # SmolLM2's verify shape (33 tokens, G 3, head_dim 64) through pick_config: the tree regime's grid has
+    # many splits, but a context under 16 blocks runs one live split (no merge) and 16 blocks on run two or
+    # three; the answer must not depend on where the count changes.
+    q, k, v, seq_len, anc = make_case(1, 33, 3, 64, [seq], "tree", kv_heads=1, cap=ODD_S)
+    ref = tree_attention_ref(q, k, v, seq_len, anc)
+    k[:, seq + 33 :] = float("nan")
+    v[:, seq + 33 :] = float("nan")
+    out = tree_attention(q, k, v, seq_len, anc)
+    assert_close(out, ref, TOL[torch.float32], f"seq {seq}")
+    assert not ta_module._TICKETS[q.device].any()
 
 
 @kernel_case

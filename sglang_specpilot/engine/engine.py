@@ -317,15 +317,20 @@ class Engine:
 
     @torch.inference_mode()
     def _warm_prefill(self, ladder: tuple[int, ...], batches: tuple[int, ...] | None = None) -> None:
-        # Every padded prefill shape once per batch size, in the scratch slots past max_seq (no row's).
+        # Every padded prefill shape once per batch size, in the scratch slots past max_seq (no row's); the
+        # shapes that replay graphs (ModelRunner.prefill) are captured now.
         chunk = self.options.prefill_chunk
         widths = sorted({prefill_width(n, chunk) for n in range(1, chunk + 1)})
         for runner in (self.target_runner, self.draft_runner):
             if runner is None:
                 continue
-            for b in batches if batches is not None else range(1, max(ladder) + 1):
-                for w in widths:
-                    self._prefill_probe(b, w, (runner,))
+            runner.capture_prefill = True
+            try:
+                for b in batches if batches is not None else range(1, max(ladder) + 1):
+                    for w in widths:
+                        self._prefill_probe(b, w, (runner,))
+            finally:
+                runner.capture_prefill = False
 
     def _prefill_probe(self, b: int, w: int, runners=None) -> None:
         # One eager prefill chunk of b rows and w tokens through each runner, written into the scratch slots
@@ -337,7 +342,8 @@ class Engine:
             if runner is None:
                 continue
             extra = self._prefill_extra(runner, b, w)
-            runner.step(toks, seq, *causal_tree(w, self.device), max_len_hint=0, logit_rows=rows, eager=True, **extra)
+            # As the prefill calls it: the target with logit rows, a drafter without.
+            runner.prefill(toks, seq, 0, rows if runner is self.target_runner else None, **extra)
 
     def _prefill_extra(self, runner: ModelRunner, b: int, w: int) -> dict:
         # What an eager prefill step of an EAGLE-3 setup passes: the target returns its features, the
@@ -502,14 +508,14 @@ class Engine:
                 batch.drain()
 
     def _prefill_chunks(self, lens_t: torch.Tensor, total: int):
-        """Per prefill chunk: (start, real tokens n, padded width, seq_len [B], anc, depth). Rows whose prompt
-        ended before the chunk get seq_len max_seq_len: they write into the cache's scratch slots."""
+        """Per prefill chunk: (start, real tokens n, padded width, seq_len [B]). Rows whose prompt ended
+        before the chunk get seq_len max_seq_len: they write into the cache's scratch slots."""
         chunk = self.options.prefill_chunk
         for start in range(0, total, chunk):
             n = min(chunk, total - start)
             width = prefill_width(n, chunk)
             seq = torch.where(lens_t > start, torch.full_like(lens_t, start), self.options.max_seq_len)
-            yield (start, n, width, seq, *causal_tree(width, self.device))
+            yield start, n, width, seq
 
     def _prefill(self, runner: ModelRunner, history: torch.Tensor, lens: list[int], want_logits: bool = True):
         """Run the prompts through ``runner`` in chunks; return each request's last-position logits [B, V].
@@ -520,20 +526,11 @@ class Engine:
         """
         lens_t = torch.tensor(lens, device=self.device)
         out = None
-        for start, n, width, seq, anc, depth in self._prefill_chunks(lens_t, max(lens)):
+        for start, n, width, seq in self._prefill_chunks(lens_t, max(lens)):
             rows = (lens_t - 1 - start).clamp(0, n - 1)[:, None] if want_logits else None
             # A hybrid's recurrent state must not step over the chunk's padding: it gets the real count.
             extra = {} if runner.recurrent is None else {"valid": (lens_t - start).clamp(0, n)}
-            logits = runner.step(
-                history[:, start : start + width],
-                seq,
-                anc,
-                depth,
-                max_len_hint=start,
-                logit_rows=rows,
-                eager=True,
-                **extra,
-            )
+            logits = runner.prefill(history[:, start : start + width], seq, start, rows, **extra)
             if want_logits:
                 here = ((lens_t - 1 >= start) & (lens_t - 1 < start + n))[:, None]
                 out = logits[:, 0] if out is None else torch.where(here, logits[:, 0], out)
@@ -573,23 +570,14 @@ class Engine:
         prev = torch.zeros(B, 1, F, device=dev, dtype=st.feats.dtype)
         last_feat = torch.zeros(B, F, device=dev, dtype=st.feats.dtype)
         out = None
-        for start, n, width, seq, anc, depth in self._prefill_chunks(lens_t, max(lens)):
+        for start, n, width, seq in self._prefill_chunks(lens_t, max(lens)):
             end = (lens_t - 1 - start).clamp(0, n - 1)[:, None]
             toks = history[:, start : start + width]
             extra = {} if self.target_runner.recurrent is None else {"valid": (lens_t - start).clamp(0, n)}
-            logits, feats = self.target_runner.step(
-                toks,
-                seq,
-                anc,
-                depth,
-                max_len_hint=start,
-                logit_rows=end,
-                eager=True,
-                feature_layers=self.feature_layers,
-                **extra,
-            )
+            extra["feature_layers"] = self.feature_layers
+            logits, feats = self.target_runner.prefill(toks, seq, start, end, **extra)
             g = self.draft.project(torch.cat([prev, feats[:, :-1]], 1))
-            self.draft_runner.step(toks, seq, anc, depth, max_len_hint=start, eager=True, g=g)
+            self.draft_runner.prefill(toks, seq, start, g=g)
             here = (lens_t - 1 >= start) & (lens_t - 1 < start + n)
             out = logits[:, 0] if out is None else torch.where(here[:, None], logits[:, 0], out)
             last_feat = torch.where(here[:, None], feats.gather(1, end[:, :, None].expand(B, 1, F))[:, 0], last_feat)

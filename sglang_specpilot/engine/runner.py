@@ -13,7 +13,7 @@ import torch
 from ..models.llama import Transformer, fused_attention_supported, run_block
 from ..models.mixed_forward import Group, mixed_forward
 from ..models.w12_weights import align_w12_escapes
-from .attn_meta import build_step_meta, window_mask
+from .attn_meta import build_step_meta, causal_tree, window_mask
 from .gdn_state import RecurrentState
 from .kv_cache import KVCache
 
@@ -61,6 +61,61 @@ class _Graph:
         return self.logits[:B]
 
 
+# Prefill chunks run as CUDA-graph replays for batches of up to this many rows. An eager prefill pays a
+# kernel launch from Python per op: on the H200, SmolLM2 (30 layers, synthetic weights) took 22.5 ms from
+# prompt to first token at 140-175 prompt tokens while a decode round's GPU time is 1.10 ms, so 128 tokens
+# spent 14% of their time in the eager prefill (b5e79e0). The launches cost per forward, not per row, so
+# graphs pay most for the few prompts prefilled together that set a request's time to first token; each
+# (rows, width) pair costs a capture at warm-up and the widest step's activations in a pool of its own.
+PREFILL_GRAPH_MAX_BATCH = 4
+
+
+def _tensors(out, fn):
+    return tuple(fn(t) for t in out) if isinstance(out, tuple) else fn(out)
+
+
+class _PrefillGraph:
+    """A captured prefill chunk of ``batch`` rows and ``width`` tokens that starts at slot 0: the same
+    kernels as the eager chunk (SDPA over a dense causal mask of ``width`` slots), so the same bits.
+    Inputs are copied into static buffers (tokens, seq_len, logit rows, an EAGLE-3 drafter's features ``g``);
+    outputs are cloned out, since every prefill graph of the runner shares one memory pool."""
+
+    def __init__(self, runner: ModelRunner, batch: int, width: int, logit_rows: bool, extra: dict, pool):
+        dev = runner.device
+        self.tokens = torch.zeros(batch, width, dtype=torch.long, device=dev)
+        self.seq_len = torch.full((batch,), runner.max_seq, dtype=torch.long, device=dev)
+        self.rows = torch.zeros(batch, 1, dtype=torch.long, device=dev) if logit_rows else None
+        # Tensors (the drafter's g) become static buffers; anything else (feature layer indices) is fixed.
+        self.extra = {k: torch.zeros_like(v) if torch.is_tensor(v) else v for k, v in extra.items()}
+        anc, depth = causal_tree(width, dev)
+        kv_len = min(runner.max_seq, _round_up(width, 64))  # as the eager chunk at start 0
+
+        def fn():
+            return runner._forward(self.tokens, self.seq_len, anc, depth, kv_len, self.rows, **self.extra)
+
+        # Warm-up runs (allocator, cuBLAS handles) write into the scratch slots past max_seq (seq_len above).
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = fn()
+
+    def __call__(self, tokens, seq_len, logit_rows, extra) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        self.tokens.copy_(tokens)
+        self.seq_len.copy_(seq_len)
+        if self.rows is not None:
+            self.rows.copy_(logit_rows)
+        for k, v in extra.items():
+            if torch.is_tensor(v):
+                self.extra[k].copy_(v)
+        self.graph.replay()
+        return _tensors(self.out, torch.Tensor.clone)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -104,6 +159,11 @@ class ModelRunner:
             self._layer_fn = torch.compile(run_block, fullgraph=True, dynamic=False)
             align_w12_escapes(model)  # W12 layers: one escape length per projection, one graph for all layers
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        # Prefill graphs (``prefill``): captured only while ``capture_prefill`` is set (the engine's warm-up),
+        # so serving never pays a capture; a shape not captured then runs eagerly.
+        self._prefill_graphs: dict[tuple, _PrefillGraph] = {}
+        self._prefill_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.capture_prefill = False
         # Rounds (engine/round.py) attend with the fused kernel wherever it runs natively.
         self.round_fused = self.fused_attention and self.device.type == "cuda"
         # A prefill group that rides in this runner's next round forward (prompt admission, see
@@ -172,6 +232,25 @@ class ModelRunner:
         if max_len_hint is not None:
             kv_len = min(self.max_seq, _round_up(max_len_hint + N, 64))
         return self._forward(tokens, seq_len, anc, depth, kv_len, logit_rows, **extra)
+
+    @torch.inference_mode()
+    def prefill(
+        self, tokens: torch.Tensor, seq_len: torch.Tensor, start: int, logit_rows: torch.Tensor | None = None, **extra
+    ):
+        """One prefill chunk: ``tokens`` [B, N] at slots ``seq_len + 0 .. N - 1`` of each row, causal among
+        themselves (``step`` with ``causal_tree(N)``, eager). A chunk that starts at 0 (``start``, the chunk's
+        offset in the prompt) of at most PREFILL_GRAPH_MAX_BATCH rows replays a graph where one was captured
+        (while ``capture_prefill`` is set, it captures one); the result is the eager chunk's, bit for bit."""
+        B, N = tokens.shape
+        fixed = tuple((k, None if torch.is_tensor(v) else tuple(v)) for k, v in sorted(extra.items()))
+        key = (B, N, logit_rows is not None, fixed)
+        graphable = self.use_graphs and start == 0 and B <= PREFILL_GRAPH_MAX_BATCH and self.recurrent is None
+        if graphable and (key in self._prefill_graphs or self.capture_prefill):
+            if key not in self._prefill_graphs:
+                self._prefill_graphs[key] = _PrefillGraph(self, B, N, logit_rows is not None, extra, self._prefill_pool)
+            return self._prefill_graphs[key](tokens, seq_len, logit_rows, extra)
+        anc, depth = causal_tree(N, tokens.device)
+        return self.step(tokens, seq_len, anc, depth, max_len_hint=start, logit_rows=logit_rows, eager=True, **extra)
 
     @torch.inference_mode()
     def forward(self, tokens, positions, slots, seq_len, anc, kv_len: int | None = None, **extra) -> torch.Tensor:

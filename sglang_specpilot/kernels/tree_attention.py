@@ -92,7 +92,7 @@ class Config(NamedTuple):
     block_r: int  # query rows per program (>= 16 for tl.dot)
     block_s: int  # cache slots per inner step; a split's range is a whole number of these
     num_splits: int  # programs per (request, kv head, row tile) over the cache; those past the live range exit
-    min_split_blocks: int  # a live split covers at least this many blocks (1 was best in every regime measured)
+    min_split_blocks: int  # a live split covers at least this many blocks (fewer live splits at short contexts)
     num_warps: int
     num_stages: int
     merge_elems: int = MERGE_ELEMS  # fp32 partial values a merge step loads, per four warps
@@ -137,7 +137,14 @@ TUNING = {
     # the rounds suite at 2f61596 (this table, and the merge of eed79f6) timed verify64 / verify1 at 1.178
     # and the tree-32 round at 14.80 ms, against 1.125 and 14.26 ms at eda5a8e (the old table and merge):
     # two changes at once across runs, so not an A/B of either (attention_engine_check_h200.json).
-    "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5),
+    # min_split_blocks 8 (512 slots a split): the grid's split count comes from the SMs, and a small model's
+    # grid is tiny, so SmolLM2's verify (3 kv heads, 33 x 3 rows: 6 programs) got 11 splits and merged 5 at
+    # 256 cached tokens. attention_bench --shape smollm2 --sweep on the H200 (b5e79e0, 30 layers, us a
+    # step at 256 / 1k cached tokens): 64-row tiles with 11 splits 668 / 678, 1 split 193 / 383, 2 splits
+    # 244 / 338, 4 splits 472 / 511. One split wins below ~5 blocks, two by 17: the rule keeps one split
+    # under 16 blocks and two from there, and leaves the 8B's verify grid (2 splits from 17 blocks on) as
+    # it was.
+    "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5, min_split_blocks=8),
 }
 # A benchmarking hook, for engine A/B runs of a regime's entry in separate processes (the entry is baked
 # into compiled graphs, so one process cannot switch it): SPECPILOT_ATTENTION_TUNING="tree=128,64,64,4,3,1.0"
@@ -380,13 +387,18 @@ def _tree_attention_kernel(
         other=0.0,
     )
     total = seq + num_win
+    # As many live splits as give each at least min_split_blocks blocks (one at the least, num_splits at
+    # the most), then the range cut evenly among them: a short context takes one split and no merge, a
+    # long one the whole grid. With min_split_blocks 1 this is the grid's split count, capped by the blocks.
+    nblocks = tl.cdiv(total, BLOCK_S)
+    want = tl.maximum(tl.minimum(nblocks // min_split_blocks, num_splits), 1)
     if BALANCED:
-        # Ranges of equal slot counts (at least min_split_blocks blocks): every live split reads the same
-        # bytes, so the live programs finish together at any context.
-        per_split = tl.maximum(tl.cdiv(total, num_splits), min_split_blocks * BLOCK_S)
+        # Ranges of equal slot counts: every live split reads the same bytes, so the live programs finish
+        # together at any context.
+        per_split = tl.cdiv(total, want)
     else:
         # Ranges of whole blocks.
-        per_split = tl.maximum(tl.cdiv(tl.cdiv(total, BLOCK_S), num_splits), min_split_blocks) * BLOCK_S
+        per_split = tl.cdiv(nblocks, want) * BLOCK_S
     num_live = tl.cdiv(total, per_split)
     if split < num_live:
         start = split * per_split
