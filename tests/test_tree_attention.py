@@ -164,8 +164,9 @@ def test_pick_config():
     # A 64-token verify tree: 64-row tiles (4 a kv head), half a wave: 2 splits (the H200 sweep's best).
     # A split covers at least 8 blocks: at 1k cached tokens and more the 8B's verify still runs both.
     assert pick_config(1, 256, 8, 4224, 2, 132) == Config(64, 64, 2, 8, 4, 3)
-    # SmolLM2's 33-token verify (3 kv heads, G 3): 6 programs get 11 splits, live only from 88 blocks on.
-    assert pick_config(1, 99, 3, 2112, 2, 132) == Config(64, 64, 11, 8, 4, 3)
+    # SmolLM2's 33-token verify (3 kv heads, G 3): 6 programs would get 11 splits; the tree table caps them
+    # at 2, live from 16 blocks on.
+    assert pick_config(1, 99, 3, 2112, 2, 132) == Config(64, 64, 2, 8, 4, 3)
     # The tests' pinned count wins.
     assert pick_config(1, 256, 8, 4224, 2, 132, num_splits=7).num_splits == 7
 

@@ -117,6 +117,7 @@ class Tuning(NamedTuple):
     pdl: bool = False
     one_loop: bool = False
     balanced: bool = False
+    max_splits: int = 64  # the grid's split count at most (MAX_SPLITS)
 
 
 # The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
@@ -143,8 +144,11 @@ TUNING = {
     # step at 256 / 1k cached tokens): 64-row tiles with 11 splits 668 / 678, 1 split 193 / 383, 2 splits
     # 244 / 338, 4 splits 472 / 511. One split wins below ~5 blocks, two by 17: the rule keeps one split
     # under 16 blocks and two from there, and leaves the 8B's verify grid (2 splits from 17 blocks on) as
-    # it was.
-    "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5, min_split_blocks=8),
+    # it was. max_splits 2: the merge's steps follow the grid's split count, not the live one (it loads
+    # next_power_of_2(num_splits) partials a row, so fewer rows a step), and SmolLM2's verify at 1k cached
+    # tokens with 2 of 11 splits live took 787 us (4b6d26a) against 338 for a grid of 2. Grids of at least
+    # 33 programs (the 8B's verify at batch 1) get 2 or fewer from the waves anyway.
+    "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5, min_split_blocks=8, max_splits=2),
 }
 # A benchmarking hook, for engine A/B runs of a regime's entry in separate processes (the entry is baked
 # into compiled graphs, so one process cannot switch it): SPECPILOT_ATTENTION_TUNING="tree=128,64,64,4,3,1.0"
@@ -229,7 +233,9 @@ def pick_config(
     if elem_size >= 4:
         block_s, stages = min(block_s, FP32_MAX_BLOCK_S), min(stages, FP32_MAX_STAGES)
     if num_splits <= 0:
-        num_splits = split_count(batch * num_kv_heads * row_tiles, capacity, block_s, num_sms, t.waves)
+        num_splits = min(
+            split_count(batch * num_kv_heads * row_tiles, capacity, block_s, num_sms, t.waves), t.max_splits
+        )
     splits = min(num_splits, MAX_SPLITS)
     extras = (t.merge_elems, t.half_partials, t.pdl, t.one_loop, t.balanced)
     return Config(block_r, block_s, splits, t.min_split_blocks, warps, stages, *extras)
