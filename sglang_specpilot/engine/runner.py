@@ -87,11 +87,12 @@ class _PrefillGraph:
         self.rows = torch.zeros(batch, 1, dtype=torch.long, device=dev) if logit_rows else None
         # Tensors (the drafter's g) become static buffers; anything else (feature layer indices) is fixed.
         self.extra = {k: torch.zeros_like(v) if torch.is_tensor(v) else v for k, v in extra.items()}
-        anc, depth = causal_tree(width, dev)
+        # Kept on the object: the graph reads these very tensors at every replay.
+        self.anc, self.depth = causal_tree(width, dev)
         kv_len = min(runner.max_seq, _round_up(width, 64))  # as the eager chunk at start 0
 
         def fn():
-            return runner._forward(self.tokens, self.seq_len, anc, depth, kv_len, self.rows, **self.extra)
+            return runner._forward(self.tokens, self.seq_len, self.anc, self.depth, kv_len, self.rows, **self.extra)
 
         # Warm-up runs (allocator, cuBLAS handles) write into the scratch slots past max_seq (seq_len above).
         stream = torch.cuda.Stream()
