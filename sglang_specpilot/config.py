@@ -56,7 +56,8 @@ class EngineOptions:
     prefill_chunk : prompt tokens per prefill forward (bounds activation memory).
     compile : torch.compile the captured rounds' blocks (fuses the small ops between GEMMs: 319 -> 801 tok/s
         for AR on the real SmolLM2 on the H200); None = on for CUDA, off elsewhere. Everything compiles
-        at warm-up; prefill stays eager, so new prompt lengths never recompile.
+        at warm-up; prefill is never compiled, so new prompt lengths never recompile (with ``cuda_graphs`` its
+        padded chunk shapes replay graphs captured at warm-up, ``ModelRunner.prefill``).
     ngram_size : with no draft model, draft by prompt lookup with n-grams of up to this size (0 = off).
     weights / draft_weights : "bf16" (stock) or "w12" (lossless 12-bit weights decoded in the GEMM; needs
         bfloat16, which "auto" dtype then picks on the CPU too).

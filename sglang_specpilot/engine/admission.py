@@ -163,8 +163,8 @@ def _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row) -> Non
 def measure_costs(engine, ladder: tuple[int, ...]) -> dict[tuple[int, int], tuple[float, float]]:
     """(bucket, width) -> (carrying round ms, separate prefill ms) on CUDA, at warm-up with no row in use
     (every write lands in scratch slots): the captured carrying round of the engine's own round, and the
-    eager prefill (target and drafter) of ``bucket`` rows at ``width`` tokens, the separate prefill's shape
-    when the rows are full (``Engine._prefill``: every row up to the highest in use)."""
+    prefill (target and drafter; graphs where captured) of ``bucket`` rows at ``width`` tokens, the separate
+    prefill's shape when the rows are full (``Engine._prefill``: every row up to the highest in use)."""
     from .step_curve import measure
 
     costs = {}

@@ -333,8 +333,8 @@ class Engine:
                 runner.capture_prefill = False
 
     def _prefill_probe(self, b: int, w: int, runners=None) -> None:
-        # One eager prefill chunk of b rows and w tokens through each runner, written into the scratch slots
-        # past max_seq (no row's): warm-up and the admission's cost measurement.
+        # One prefill chunk of b rows and w tokens through each runner (a graph replay where one is captured),
+        # written into the scratch slots past max_seq (no row's): warm-up and the admission's cost measurement.
         seq = torch.full((b,), self.options.max_seq_len, device=self.device)
         toks = torch.zeros(b, w, dtype=torch.long, device=self.device)
         rows = torch.zeros(b, 1, dtype=torch.long, device=self.device)
