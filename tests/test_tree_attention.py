@@ -458,7 +458,13 @@ def test_tuning_env_hook_parses_and_refuses():
     got = _tuning_from_env("tree=128,64,64,4,3,1.0; decode=16,16,128,4,2,2")
     assert got["tree"] == Tuning(128, 64, block_s=64, num_warps=4, num_stages=3, waves=1.0)
     assert got["decode"].block_s == 128 and got["decode"].waves == 2.0
+    # The split rule's two fields are optional: without them, the rule as before it (1 block, 64 splits).
+    assert got["tree"].min_split_blocks == 1 and got["tree"].max_splits == 64
+    assert _tuning_from_env("tree=64,64,64,4,3,0.5,8,2")["tree"] == ta_module.TUNING["tree"]
+    assert _tuning_from_env("tree=64,64,64,4,3,0.5,8")["tree"].max_splits == 64
     with pytest.raises(ValueError, match="unknown regime"):
         _tuning_from_env("tre=1,2,3,4,5,6")
     with pytest.raises(ValueError, match="is not regime="):
         _tuning_from_env("tree=1,2")
+    with pytest.raises(ValueError, match="is not regime="):
+        _tuning_from_env("tree=64,64,64,4,3,0.5,8,2,1")

@@ -79,6 +79,9 @@ FP32_MAX_STAGES = 2
 # since the next step's loads are issued before this step's sums). A step holds every split of one or more
 # rows: 64 splits x 128 dims is one row; plain decode's 32-split grid takes 2 of its 4 rows a step.
 MERGE_ELEMS = 8192
+# Cap on the split grid: programs past the live range still cost a launch slot each. With MAX_SPLITS x 128
+# dims <= MERGE_ELEMS the merge loads every split of a row in one step.
+MAX_SPLITS = 64
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -117,7 +120,7 @@ class Tuning(NamedTuple):
     pdl: bool = False
     one_loop: bool = False
     balanced: bool = False
-    max_splits: int = 64  # the grid's split count at most (MAX_SPLITS)
+    max_splits: int = MAX_SPLITS  # the grid's split count at most
 
 
 # The chooser's table, by regime: "decode" is one 16-row tile (up to 4 query tokens at G = 4), "tree" more
@@ -152,7 +155,8 @@ TUNING = {
 }
 # A benchmarking hook, for engine A/B runs of a regime's entry in separate processes (the entry is baked
 # into compiled graphs, so one process cannot switch it): SPECPILOT_ATTENTION_TUNING="tree=128,64,64,4,3,1.0"
-# (max_block_r, small_grid_block_r, block_s, num_warps, num_stages, waves; ";" between regimes). Why: the
+# (max_block_r, small_grid_block_r, block_s, num_warps, num_stages, waves, and optionally min_split_blocks
+# and max_splits, which default to 1 and 64 as before that rule; ";" between regimes). Why: the
 # rounds suite measured the tree round's attention 29% slower in the engine with this table and merge than
 # with the former entry (tree=128,64,64,4,3,1.0) and merge, while the sweep's microbenchmark timed it faster
 # (rounds_h200.json's attachments); the two changes were never separated.
@@ -166,21 +170,23 @@ def _tuning_from_env(text: str) -> dict[str, Tuning]:
         if regime not in TUNING:
             raise ValueError(f"{TUNING_ENV}: unknown regime {regime!r} (use {', '.join(TUNING)})")
         try:
-            r, small, bs, warps, stages, waves = vals.split(",")
+            r, small, bs, warps, stages, waves, *split = vals.split(",")
+            if len(split) > 2:
+                raise ValueError
+            nums = [int(x) for x in split]
+            min_blocks = nums[0] if nums else 1
+            max_splits = nums[1] if len(nums) > 1 else MAX_SPLITS
             out[regime] = Tuning(int(r), int(small), block_s=int(bs), num_warps=int(warps), num_stages=int(stages),
-                                 waves=float(waves))  # fmt: skip
+                                 waves=float(waves), min_split_blocks=min_blocks, max_splits=max_splits)  # fmt: skip
         except ValueError:
             raise ValueError(f"{TUNING_ENV}: {part!r} is not regime=max_block_r,small_block_r,block_s,warps,"
-                             "stages,waves") from None  # fmt: skip
+                             "stages,waves[,min_split_blocks[,max_splits]]") from None  # fmt: skip
     return out
 
 
 TUNING.update(_tuning_from_env(os.environ.get(TUNING_ENV, "")))
 # The largest row tile the launcher takes (16 warps; at head_dim 128 they spill registers on sm_90).
 MAX_BLOCK_R = 256
-# Cap on the split grid: programs past the live range still cost a launch slot each. With MAX_SPLITS x 128
-# dims <= MERGE_ELEMS the merge loads every split of a row in one step.
-MAX_SPLITS = 64
 # Used when the device is not a GPU (the interpreter): the SM count of an H100/H200.
 DEFAULT_NUM_SMS = 132
 
