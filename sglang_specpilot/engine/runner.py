@@ -243,13 +243,16 @@ class ModelRunner:
         offset in the prompt) of at most PREFILL_GRAPH_MAX_BATCH rows replays a graph where one was captured
         (while ``capture_prefill`` is set, it captures one); the result is the eager chunk's, bit for bit."""
         B, N = tokens.shape
-        fixed = tuple((k, None if torch.is_tensor(v) else tuple(v)) for k, v in sorted(extra.items()))
-        key = (B, N, logit_rows is not None, fixed)
-        graphable = self.use_graphs and start == 0 and B <= PREFILL_GRAPH_MAX_BATCH and self.recurrent is None
-        if graphable and (key in self._prefill_graphs or self.capture_prefill):
-            if key not in self._prefill_graphs:
-                self._prefill_graphs[key] = _PrefillGraph(self, B, N, logit_rows is not None, extra, self._prefill_pool)
-            return self._prefill_graphs[key](tokens, seq_len, logit_rows, extra)
+        if self.use_graphs and start == 0 and B <= PREFILL_GRAPH_MAX_BATCH and self.recurrent is None:
+            # Tensors (the drafter's g) are inputs; other extras (feature layer indices) are part of the shape.
+            fixed = tuple((k, None if torch.is_tensor(v) else v) for k, v in sorted(extra.items()))
+            key = (B, N, logit_rows is not None, fixed)
+            graph = self._prefill_graphs.get(key)
+            if graph is None and self.capture_prefill:
+                graph = _PrefillGraph(self, B, N, logit_rows is not None, extra, self._prefill_pool)
+                self._prefill_graphs[key] = graph
+            if graph is not None:
+                return graph(tokens, seq_len, logit_rows, extra)
         anc, depth = causal_tree(N, tokens.device)
         return self.step(tokens, seq_len, anc, depth, max_len_hint=start, logit_rows=logit_rows, eager=True, **extra)
 
