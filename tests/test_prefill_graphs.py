@@ -52,3 +52,24 @@ def test_prefill_graph_equals_eager_bf16(batch, width):
     toks, seq, rows = _case(runner, batch, width, 4)
     runner.prefill(toks, seq + width, width, rows)
     assert len(runner._prefill_graphs) == 1
+
+
+def test_prefill_capture_failure_falls_back_to_eager(monkeypatch):
+    # A shape whose capture raises runs eagerly (and is not tried again), as prefill did before graphs. The
+    # capture is stood in for, so this runs on the CPU with the runner told it has graphs.
+    import sglang_specpilot.engine.runner as runner_module
+
+    runner = ModelRunner(tiny_model("tiny-llama"), 4, 128, scratch_slots=128)
+    runner.use_graphs = True
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("not capturable")
+
+    monkeypatch.setattr(runner_module, "_PrefillGraph", refuse)
+    toks, seq, rows = _case(runner, 2, 64, 5)
+    runner.capture_prefill = True
+    for _ in range(2):
+        assert torch.equal(runner.prefill(toks, seq, 0, rows), _eager(runner, toks, seq, rows)[0])
+    assert len(calls) == 1 and not runner._prefill_graphs and len(runner.prefill_refused) == 1

@@ -8,6 +8,8 @@ owns, so they cannot disturb real requests. All graphs share one memory pool.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..models.llama import Transformer, fused_attention_supported, run_block
@@ -16,6 +18,8 @@ from ..models.w12_weights import align_w12_escapes
 from .attn_meta import build_step_meta, causal_tree, window_mask
 from .gdn_state import RecurrentState
 from .kv_cache import KVCache
+
+log = logging.getLogger("specpilot.engine")
 
 
 def _round_up(x: int, m: int) -> int:
@@ -163,6 +167,7 @@ class ModelRunner:
         # Prefill graphs (``prefill``): captured only while ``capture_prefill`` is set (the engine's warm-up),
         # so serving never pays a capture; a shape not captured then runs eagerly.
         self._prefill_graphs: dict[tuple, _PrefillGraph] = {}
+        self.prefill_refused: dict[tuple, str] = {}  # shapes whose capture failed: they run eagerly
         self._prefill_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_prefill = False
         # Rounds (engine/round.py) attend with the fused kernel wherever it runs natively.
@@ -248,9 +253,13 @@ class ModelRunner:
             fixed = tuple((k, None if torch.is_tensor(v) else v) for k, v in sorted(extra.items()))
             key = (B, N, logit_rows is not None, fixed)
             graph = self._prefill_graphs.get(key)
-            if graph is None and self.capture_prefill:
-                graph = _PrefillGraph(self, B, N, logit_rows is not None, extra, self._prefill_pool)
-                self._prefill_graphs[key] = graph
+            if graph is None and self.capture_prefill and key not in self.prefill_refused:
+                try:
+                    graph = _PrefillGraph(self, B, N, logit_rows is not None, extra, self._prefill_pool)
+                    self._prefill_graphs[key] = graph
+                except Exception as e:  # noqa: BLE001 - a shape that cannot be captured runs eagerly, as before
+                    self.prefill_refused[key] = f"{type(e).__name__}: {e}"
+                    log.warning("prefill of %d rows x %d tokens not captured, it runs eagerly: %s", B, N, e)
             if graph is not None:
                 return graph(tokens, seq_len, logit_rows, extra)
         anc, depth = causal_tree(N, tokens.device)
