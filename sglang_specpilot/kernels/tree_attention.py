@@ -150,7 +150,7 @@ TUNING = {
     # it was. max_splits 2: the merge's steps follow the grid's split count, not the live one (it loads
     # next_power_of_2(num_splits) partials a row, so fewer rows a step), and SmolLM2's verify at 1k cached
     # tokens with 2 of 11 splits live took 787 us (4b6d26a) against 338 for a grid of 2. Grids of at least
-    # 33 programs (the 8B's verify at batch 1) get 2 or fewer from the waves anyway.
+    # 23 programs (the 8B's verify at batch 1 has 24 or 32) get 2 or fewer from the waves anyway.
     "tree": Tuning(64, 64, block_s=64, num_warps=4, num_stages=3, waves=0.5, min_split_blocks=8, max_splits=2),
 }
 # A benchmarking hook, for engine A/B runs of a regime's entry in separate processes (the entry is baked
