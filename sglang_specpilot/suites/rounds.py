@@ -5,7 +5,8 @@ Parts:
   greedy, 128 tokens, chat template, on HumanEval/100-131 (never trained on): AR, prompt lookup, the
   shipped drafter as a chain and as a 32-node tree (depth 6, top-k 8), timed interleaved prompt by
   prompt in one process. Each spec system's text is checked against AR's (mismatches are explained by
-  the AR logit margin at the first differing token: a near-tie or not). Then, per system after a second
+  the AR logit margin at the first differing token: a near-tie or not), and each system's time to the
+  first token (the prefill and its read-back, median over the prompts). Then, per system after a second
   of untimed generations of a timed prompt, 10 new prompts of distinct lengths, each generated twice:
   first-run / repeat time and the number of dynamo graphs compiled after warm-up (must be 0).
 - ``llama8b``: Llama-3.1-8B with a Llama-3.2-1B-shaped drafter (both synthetic weights, timing only) at
@@ -37,6 +38,23 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--gptfast-dir", default=None, help="folder with gpt-fast's model.py (a checkout, not ours)")
+
+
+def timed_generation(eng, prompt: list[int], params):
+    """One generation through ``eng.stream`` -> (result, seconds to the first token, seconds to the end),
+    from a synchronized device (the first token is the prefill's: what a client waits for)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    first, result = None, None
+    for ev in eng.stream([prompt], params):
+        if first is None and ev.token_ids:
+            first = time.perf_counter() - t0
+        if ev.result is not None:
+            result = ev.result
+    if result is None or result.error is not None or first is None:
+        raise RuntimeError(f"a timed generation failed: {getattr(result, 'error', 'no result')}")
+    return result, first, time.perf_counter() - t0
 
 
 def _dynamo_graphs() -> int:
@@ -85,20 +103,20 @@ def _real(args, out) -> None:
     for eng in systems.values():  # first use of every path outside the timing (allocator, pinned buffers)
         eng.generate([ids[0]], SamplingParams(max_new_tokens=16))
     res: dict[str, list] = {n: [] for n in systems}
+    ttft: dict[str, list[float]] = {n: [] for n in systems}
     names = list(systems)
     for i, p in enumerate(ids):
         # Interleaved, with the order rotated per prompt so no system always runs first.
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            eng = systems[name]
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            r = eng.generate([p], params)[0]
-            dt = time.perf_counter() - t0
+            r, first, dt = timed_generation(systems[name], p, params)
             res[name].append((r, dt))
+            ttft[name].append(first)
     ar = res["ar"]
     for name, rs in res.items():
         tok_s = [len(r.token_ids) / dt for r, dt in rs]
         row = {"case": f"smollm2.{name}.bs1", "tokens_per_s": tok_s, "mean_accepted": [r.mean_accepted for r, _ in rs]}
+        row["ttft_s"] = ttft[name]
+        out["metrics"][f"smollm2_{name}_ttft_ms_bs1"] = round(1e3 * median(ttft[name]), 2)
         if name != "ar":
             ratios = [a_dt / dt for (_, dt), (_, a_dt) in zip(rs, ar, strict=True)]
             row["speedup_vs_ar"] = ratios
