@@ -36,6 +36,7 @@ import torch
 
 from ..models.mixed_forward import Group
 from .attn_meta import causal_tree
+from .runner import side_stream_warmup
 from .sampling import next_tokens, nonfinite_rows
 
 # /metrics labels of the decisions: rode in the verify pass; took the separate prefill because nothing was
@@ -200,12 +201,7 @@ class CarryingGraphs:
         saved = [t[:b].clone() for t in st.row_tensors()]
         st.seq_len[:b] = eng.options.max_seq_len
         st.in_use[:b] = False
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                carry(eng, rnd, st, b, bs, riders, None)
-        torch.cuda.current_stream().wait_stream(stream)
+        side_stream_warmup(lambda: carry(eng, rnd, st, b, bs, riders, None))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             out = carry(eng, rnd, st, b, bs, riders, None)

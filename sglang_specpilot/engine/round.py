@@ -34,7 +34,7 @@ from .attn_meta import causal_tree
 from .draft_tree import commit_draft, expand_lattice
 from .ngram import ngram_draft
 from .ngram_tree import ngram_tree
-from .runner import ModelRunner
+from .runner import ModelRunner, side_stream_warmup
 from .sampling import BatchSampling, next_tokens, nonfinite_rows, probs_from_logits, sample_from_probs
 from .shared_budget import shared_keep
 from .spec import accepted_length, chain_accept_sampling
@@ -369,12 +369,7 @@ class CapturedRound:
         try:
             st.seq_len[:b] = self.park_at
             st.in_use[:b] = False
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self.round.run(st, b, bs)
-            torch.cuda.current_stream().wait_stream(stream)
+            side_stream_warmup(lambda: self.round.run(st, b, bs))
             graphs = []
             for _ in range(self.COPIES):
                 graph = torch.cuda.CUDAGraph()

@@ -26,22 +26,27 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def side_stream_warmup(fn, times: int = 2) -> None:
+    """Run ``fn`` ``times`` times on a side stream, as CUDA-graph capture needs first (allocator, cuBLAS
+    handles, lazy inits must not happen during capture); the current stream waits for it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(times):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 class _Graph:
     def __init__(self, runner: ModelRunner, batch: int, n: int, pool):
         dev = runner.device
         self.tokens = torch.zeros(batch, n, dtype=torch.long, device=dev)
         self.seq_len = torch.zeros(batch, dtype=torch.long, device=dev)
-        self.anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-        self.depth = torch.arange(n, device=dev)
-        # Warm up outside capture (allocator, cuBLAS handles, lazy inits). The warm-up really runs, so
-        # it writes its K/V into the cache's scratch slots past max_seq, never into a request's slots.
+        self.anc, self.depth = causal_tree(n, dev)
+        # Warm up outside capture. The warm-up really runs, so it writes its K/V into the cache's scratch
+        # slots past max_seq, never into a request's slots.
         self.seq_len.fill_(runner.max_seq)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                runner._graph_fn(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq)
-        torch.cuda.current_stream().wait_stream(stream)
+        side_stream_warmup(lambda: runner._graph_fn(self.tokens, self.seq_len, self.anc, self.depth, runner.max_seq))
         self.seq_len.zero_()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
@@ -98,13 +103,7 @@ class _PrefillGraph:
         def fn():
             return runner._forward(self.tokens, self.seq_len, self.anc, self.depth, kv_len, self.rows, **self.extra)
 
-        # Warm-up runs (allocator, cuBLAS handles) write into the scratch slots past max_seq (seq_len above).
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
+        side_stream_warmup(fn)  # writes into the scratch slots past max_seq (seq_len above)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.out = fn()

@@ -157,12 +157,7 @@ def _real(args, out) -> None:
             if time.perf_counter() - t_warm > 1.0:
                 break
         for p in fresh:
-            times = []
-            for _ in range(2):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                eng.generate([p], params)
-                times.append(time.perf_counter() - t0)
+            times = [timed_generation(eng, p, params)[2] for _ in range(2)]
             ratios.append(times[0] / times[1])
             out["rows"].append({"case": f"smollm2.{name}.first_repeat", "prompt_tokens": len(p), "s": times})
     out["metrics"]["smollm2_first_over_repeat"] = round(max(ratios), 3)
