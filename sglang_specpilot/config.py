@@ -108,6 +108,10 @@ class EngineOptions:
         (62be095, train-drafter on SmolLM2, 256 tokens) 16,230 sampled answers took 126 s with it against 134 s
         for as many greedy ones, where eagerly 8,192 sampled answers had taken 279 s (about 3x slower); the GPU
         tests replay the same tokens as eager rounds from one seed. A capture that fails runs eagerly.
+    decode_gemv : one-row BF16 projections (batch-1 decode and chain drafting) run ``kernels/gemv.py`` instead
+        of cuBLAS where it is faster (``gemv_wins``; ``models/linear.py``). On by default: on the H200
+        (gemv_h200.json) it read Llama-3.1-8B's projections 1.07-1.30x faster than cuBLAS and SmolLM2's
+        1.3-1.7x. Its sums run in another order, so a greedy near-tie may tip (token forcing judges).
     """
 
     model: str | None = None
@@ -143,6 +147,7 @@ class EngineOptions:
     shared_budget: int | None = None
     prompt_admission: int = 0
     capture_sampling: bool = True
+    decode_gemv: bool = True
     colocate_batches: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

@@ -65,15 +65,44 @@ def test_gemv_refuses_bad_shapes():
         G.gemv(x[:1], w, torch.zeros(3))
 
 
-def test_pick_config_fills_the_sms_and_keeps_the_tile():
-    assert G.pick_config(4096, 4096) == G.GemvConfig(8, 512, 4)  # 512 programs of 8 rows
-    assert G.pick_config(14336, 4096) == G.GemvConfig(32, 128, 4)  # 448 programs
-    small = G.pick_config(576, 576)  # SmolLM2's o projection: 144 programs of 4 rows
-    assert small.block_n == 4 and small.block_k == 512
-    assert G.pick_config(960, 40).block_k == 64
-    for n, k in ((128256, 4096), (1536, 576), (576, 1536)):
-        c = G.pick_config(n, k)
-        assert c.block_n * c.block_k <= G.TILE_ELEMS
+def test_pick_config_and_where_the_engine_uses_the_gemv():
+    assert G.pick_config(1) == G.ONE_ROW and G.pick_config(3) == G.MORE_ROWS
+    assert G.gemv_wins(1, 6144, 4096) and G.gemv_wins(1, 128256, 4096)  # the 8B's qkv and head
+    assert G.gemv_wins(1, 960, 576) and G.gemv_wins(1, 576, 1536)  # SmolLM2's qkv and down
+    assert not G.gemv_wins(1, 49152, 576)  # SmolLM2's head: cuBLAS is faster there
+    assert not G.gemv_wins(2, 6144, 4096)  # more rows stay with cuBLAS
+
+
+@kernel_case
+def test_kernel_linear_takes_the_gemv_for_one_row_only():
+    from sglang_specpilot.models.linear import Linear
+
+    torch.manual_seed(0)
+    lin = Linear(300, 70, bias=True).to(DEVICE, torch.bfloat16)
+    one = torch.randn(1, 1, 300, device=DEVICE, dtype=torch.bfloat16)
+    two = torch.randn(1, 2, 300, device=DEVICE, dtype=torch.bfloat16)
+    assert torch.equal(lin(one), torch.nn.functional.linear(one, lin.weight, lin.bias))  # off: F.linear
+    lin.decode_gemv = True
+    assert torch.equal(lin(one), G.gemv(one, lin.weight, lin.bias))
+    assert torch.equal(lin(two), torch.nn.functional.linear(two, lin.weight, lin.bias))  # two rows: cuBLAS
+
+
+def test_set_decode_gemv_marks_only_cuda_bf16_layers_where_the_gemv_wins():
+    from sglang_specpilot.models.config import ModelConfig
+    from sglang_specpilot.models.linear import Linear, set_decode_gemv
+    from sglang_specpilot.models.llama import Transformer
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8)  # fmt: skip
+    model = Transformer(cfg)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert len(linears) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the head
+    assert set_decode_gemv(model, True) == 0  # CPU fp32 weights: nothing takes it
+    assert not any(m.decode_gemv for m in linears)
+    if torch.cuda.is_available():
+        model = model.to("cuda", torch.bfloat16)
+        assert set_decode_gemv(model, True) == len(linears)
+        assert set_decode_gemv(model, False) == 0 and not any(m.decode_gemv for m in linears)
 
 
 def test_kernel_cases_in_interpreter():

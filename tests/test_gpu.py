@@ -10,7 +10,7 @@ from sglang_specpilot.engine import Engine, SamplingParams
 pytestmark = pytest.mark.gpu
 
 
-def _engine(target, draft=None, graphs=True, compile=False, dtype="float32"):
+def _engine(target, draft=None, graphs=True, compile=False, dtype="float32", **kw):
     opts = EngineOptions(
         max_seq_len=256,
         max_batch_size=8,
@@ -20,6 +20,7 @@ def _engine(target, draft=None, graphs=True, compile=False, dtype="float32"):
         device="cuda",
         dtype=dtype,
         num_speculative_tokens=4,
+        **kw,
     )
     return Engine(target, WordTokenizer(), opts, draft)
 
@@ -50,6 +51,27 @@ def test_compiled_spec_equals_ar_or_near_tie_bf16():
         if x != y:
             t = next(i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v)
             top2 = ar.teacher_force_logits(prompt, y)[t].topk(2).values
+            assert float(top2[0] - top2[1]) < 0.25
+
+
+def test_decode_gemv_equals_cublas_or_near_tie_bf16():
+    # AR with the one-row GEMV (the default) against AR with cuBLAS, both compiled and captured: the same
+    # tokens, or a first difference at a near-tie of cuBLAS's logits (the sums run in another order).
+    target = tiny_model("tiny-llama", dtype=torch.bfloat16).cuda()
+    ps = prompts([5, 17, 9, 30], target.cfg.vocab_size, seed=4)
+    p = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    cublas = _engine(target, compile=True, dtype="bfloat16", decode_gemv=False)
+    cublas.warmup()
+    assert cublas.target_runner.decode_gemv_layers == 0
+    a = [r.token_ids for r in cublas.generate(ps, p)]
+    gemv = _engine(target, compile=True, dtype="bfloat16")
+    assert gemv.target_runner.decode_gemv_layers == 4 * target.num_layers + 1
+    gemv.warmup()
+    b = [r.token_ids for r in gemv.generate(ps, p)]
+    for prompt, x, y in zip(ps, a, b, strict=True):
+        if x != y:
+            t = next(i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v)
+            top2 = cublas.teacher_force_logits(prompt, x)[t].topk(2).values
             assert float(top2[0] - top2[1]) < 0.25
 
 

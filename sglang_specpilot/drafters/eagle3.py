@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..models.config import ModelConfig
+from ..models.linear import Linear
 from ..models.llama import MLP, Attention, RMSNorm, Transformer, run_block
 
 MARKER = "specpilot_drafter.json"
@@ -85,7 +86,7 @@ class Eagle3Layer(nn.Module):
         self.input_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.attn = Attention(cfg)
-        self.attn.wqkv = nn.Linear(2 * H, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.attn.wqkv = Linear(2 * H, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.mlp_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -144,10 +145,10 @@ class Eagle3Drafter(nn.Module):
         super().__init__()
         self.cfg, self.spec = cfg, spec
         self.embed = embed  # the target's, shared
-        self.fc = nn.Linear(len(spec.feature_layers) * spec.target_hidden, cfg.hidden_size, bias=False)
+        self.fc = Linear(len(spec.feature_layers) * spec.target_hidden, cfg.hidden_size, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(cfg)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, spec.draft_vocab, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, spec.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.arange(spec.draft_vocab), persistent=False)
         self.register_buffer("rope", rope, persistent=False)
 

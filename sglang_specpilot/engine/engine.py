@@ -123,6 +123,7 @@ class Engine:
             graph_batch_sizes=options.graph_batch_sizes,
             scratch_slots=scratch_slots(options),
             compile=options.compile_on,
+            decode_gemv=options.decode_gemv,
         )
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None

@@ -8,12 +8,14 @@ took 351 us of a 1.11 ms step), so a step of one token sits well above its weigh
 The kernel: one program per ``BLOCK_N`` output features, the whole reduction over K in one program (no split-K:
 deterministic, one launch, and N / BLOCK_N programs fill the SMs at every projection of the models here);
 ``BLOCK_K`` columns of W a step, loaded as [BLOCK_N, BLOCK_K] tiles, multiplied by each of the M <= MAX_ROWS
-rows of x and summed in fp32; the bias is added in fp32 and the result rounded once to x's dtype, as cuBLAS
-does (its sums run in another order, so the last bit may differ: a near-tie may tip, which token forcing
-judges). ``pick_config`` chooses the tile from static shapes only (graph- and compile-safe).
+rows of x into fp32 accumulators of the tile's shape, summed over K once after the loop; the bias is added
+in fp32 and the result rounded once to x's dtype, as cuBLAS does (its sums run in another order, so the
+last bit may differ: a near-tie may tip, which token forcing judges). ``pick_config`` chooses the tile from
+the row count only (graph- and compile-safe), ``gemv_wins`` where it beats cuBLAS.
 
-Not in the engine yet: ``benchmarks/gemv_bench.py`` times it against cuBLAS on the models' shapes (weight
-copies rotated past L2, in CUDA graphs) before any default uses it.
+``benchmarks/gemv_bench.py`` times it against cuBLAS on the models' shapes (weight copies rotated past L2,
+in CUDA graphs). The engine runs it for one-row projections where ``gemv_wins`` (``models/linear.py``,
+``EngineOptions.decode_gemv``).
 """
 
 from __future__ import annotations
@@ -26,26 +28,49 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 MAX_ROWS = 4  # decode rows a launch takes (batch-1 decode is 1; a few rows of a small batch)
-TILE_ELEMS = 4096  # weights of one [BLOCK_N, BLOCK_K] tile (a starting point: the benchmark's sweep decides)
 
 
 class GemvConfig(NamedTuple):
     block_n: int  # output features per program
     block_k: int  # reduction columns a step
     num_warps: int
+    num_stages: int = 1  # Triton's software pipelining of the W loads (1: none)
 
 
-def pick_config(N: int, K: int, num_sms: int = 132) -> GemvConfig:
-    """The tile from static shapes: the widest BLOCK_N (of 32, 16, 8, 4) that still gives two programs per SM,
-    and BLOCK_K columns so that a W tile holds TILE_ELEMS weights (at most 512, at least 64, at most K's
-    power of two): the tile's fp32 products live in registers, TILE_ELEMS / 128 a thread at four warps."""
-    block_n = 4
-    for b in (32, 16, 8):
-        if triton.cdiv(N, b) >= 2 * num_sms:
-            block_n = b
-            break
-    block_k = min(512, TILE_ELEMS // block_n, max(64, triton.next_power_of_2(K)))
-    return GemvConfig(block_n, max(64, block_k), 4)
+# The tiles ``pick_config`` returns, from the sweep of ``benchmarks/gemv_bench.py --sweep`` on the H200
+# (gemv_h200.json): at one row, (4, 1024, 4 warps) was within 2% of each shape's best tile on all five
+# Llama-3.1-8B projections and four of SmolLM2's five (13% off on its down, 24% on its head); the best
+# tile at two and four rows was most often (4, 256, 2 warps, 3 stages).
+ONE_ROW = GemvConfig(4, 1024, 4, 1)
+MORE_ROWS = GemvConfig(4, 256, 2, 3)
+
+
+def pick_config(M: int) -> GemvConfig:
+    """The tile for ``M`` rows of x, whatever the shape (static: graph- and compile-safe)."""
+    return ONE_ROW if M == 1 else MORE_ROWS
+
+
+def gemv_wins(M: int, N: int, K: int) -> bool:
+    """Whether ``gemv`` beats cuBLAS at this shape on the H200 (gemv_h200.json): at one row on every
+    projection measured (1.07-1.30x on Llama-3.1-8B's, 1.3-1.7x on SmolLM2's) except a wide head over a short
+    K (SmolLM2's 49152 x 576: 0.81x with ``ONE_ROW``, 1.00x with its best tile); at two rows or more cuBLAS
+    is as fast or faster on the 8B, so those stay with it."""
+    return M == 1 and not (K < 1024 and N > 8192)
+
+
+@triton.jit
+def _row_load(x_ptr, row, stride_xm, k, k_ok, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(x_ptr + row * stride_xm + k).to(tl.float32)
+    return tl.load(x_ptr + row * stride_xm + k, mask=k_ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _row_store(y_ptr, row, stride_ym, n, n_ok, acc, b_ptr, HAS_BIAS: tl.constexpr):
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -54,39 +79,52 @@ def _gemv_kernel(
     w_ptr,
     b_ptr,
     y_ptr,
-    M,
     N,
     K,
     stride_xm,
     stride_wn,
     stride_ym,
-    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
+    # Each row of x keeps a [BLOCK_N, BLOCK_K] fp32 accumulator of elementwise products and is reduced over K
+    # once, after the loop: the loop body is loads and FMAs only, so the next tile's loads issue while this
+    # tile multiplies. (Reducing every step, as the first version did, put a cross-warp reduction with its
+    # barriers between every two loads: 1.4-2.5 TB/s on the 8B's projections, gemv_h200.json at b5e79e0.)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < M
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # Rows past N read row N - 1 (in bounds, never stored), so the W loads need no mask along N.
+    w_rows = w_ptr + tl.minimum(n, N - 1).to(tl.int64)[:, None] * stride_wn
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
         if EVEN_K:
-            w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None], other=0.0)
+            w = tl.load(w_rows + k[None, :]).to(tl.float32)
         else:
-            k_ok = k < K
-            w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        # [BLOCK_M, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K], summed over K in fp32.
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out = acc.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+            w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        acc0 += w * _row_load(x_ptr, 0, stride_xm, k, k_ok, EVEN_K)[None, :]
+        if ROWS > 1:
+            acc1 += w * _row_load(x_ptr, 1, stride_xm, k, k_ok, EVEN_K)[None, :]
+        if ROWS > 2:
+            acc2 += w * _row_load(x_ptr, 2, stride_xm, k, k_ok, EVEN_K)[None, :]
+        if ROWS > 3:
+            acc3 += w * _row_load(x_ptr, 3, stride_xm, k, k_ok, EVEN_K)[None, :]
+    _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, HAS_BIAS)
+    if ROWS > 1:
+        _row_store(y_ptr, 1, stride_ym, n, n_ok, acc1, b_ptr, HAS_BIAS)
+    if ROWS > 2:
+        _row_store(y_ptr, 2, stride_ym, n, n_ok, acc2, b_ptr, HAS_BIAS)
+    if ROWS > 3:
+        _row_store(y_ptr, 3, stride_ym, n, n_ok, acc3, b_ptr, HAS_BIAS)
 
 
 # TRITON_INTERPRET=1 counts only if it was set before triton was imported: ask the kernel.
@@ -115,27 +153,25 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError("weight must be contiguous along K")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias {tuple(bias.shape)}, expected ({N},)")
-    dev = x.device
-    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
-    cfg = config or pick_config(N, K, num_sms)
-    y = torch.empty((M, N), device=dev, dtype=x.dtype)
+    cfg = config or pick_config(M)
+    y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(N, cfg.block_n),)
     _launchable(_gemv_kernel)[grid](
         x2,
         weight,
         bias if bias is not None else weight,  # unused without HAS_BIAS
         y,
-        M,
         N,
         K,
         x2.stride(0),
         weight.stride(0),
         y.stride(0),
-        BLOCK_M=triton.next_power_of_2(M),
+        ROWS=M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         HAS_BIAS=bias is not None,
         EVEN_K=K % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages,
         num_warps=cfg.num_warps,
     )
     return y.reshape(*lead, N)

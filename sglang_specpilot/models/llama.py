@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .linear import Linear
 
 try:  # Triton is optional on CPU-only installs; the engine then keeps SDPA everywhere.
     from ..kernels.tree_attention import tree_attention
@@ -54,8 +55,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
-        self.wo = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.wqkv = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.wo = Linear(cfg.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -108,8 +109,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(silu_mul(self.w13(x)))
@@ -143,7 +144,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         n_pos = max_positions or cfg.max_position_embeddings

@@ -75,8 +75,13 @@ def _real(args, out) -> None:
     target, drafter, tok, base = load_engine_models(base)
     opts = {k: v for k, v in base.__dict__.items() if k not in ("draft", "ngram_size")}
     ar_opts = EngineOptions(**{**opts, "draft": None})
+    # AR with cuBLAS for its one-row projections, warmed (captured) before the engines below turn the shared
+    # modules' GEMV path on (models/linear.py), so its graphs keep cuBLAS: the GEMV's gain, paired.
+    ar_cublas = Engine(target, tok, EngineOptions(**{**opts, "draft": None, "decode_gemv": False}))
+    ar_cublas.warmup()
     systems = {
         "ar": Engine(target, tok, ar_opts),
+        "ar_cublas": ar_cublas,
         "lookup": Engine(target, tok, EngineOptions(**{**opts, "draft": None, "ngram_size": 3})),
         "chain": Engine(target, tok, EngineOptions(**{**opts, "num_speculative_tokens": args.gamma}), drafter),
         "tree32": Engine(
@@ -84,7 +89,8 @@ def _real(args, out) -> None:
         ),
     }
     for name, eng in systems.items():
-        eng.warmup()
+        if eng is not ar_cublas:
+            eng.warmup()
         # The GPU time of one captured round alone (a row parked at 200 cached tokens): tokens/s below it
         # is what the host loop and acceptance make of it.
         ms = _round_ms(eng, 30, 200)
@@ -136,6 +142,10 @@ def _real(args, out) -> None:
             out["metrics"][f"smollm2_{name}_mean_accepted"] = round(median(row["mean_accepted"]), 3)
         out["rows"].append(row)
         out["metrics"][f"smollm2_{name}_tok_s_bs1"] = round(median(tok_s), 1)
+
+    out["metrics"]["smollm2_decode_gemv_speedup_bs1"] = round(
+        1 / out["metrics"]["smollm2_ar_cublas_speedup_vs_ar_bs1"], 3
+    )
 
     # First generation of a new prompt against its repeat: recompiles or captures would show here.
     lo, hi = (int(x) for x in args.fresh_prompts.split("-"))
@@ -243,9 +253,20 @@ def _llama8b(args, out) -> None:
             return ""
 
     base = opts.__dict__
+    # The same AR engine with cuBLAS for its one-row projections, captured first: its graphs keep cuBLAS
+    # when the default engine below turns the shared modules' GEMV path on (models/linear.py). The two are
+    # timed in alternating blocks, so the GEMV's gain is paired.
+    ar_cublas = Engine(target, _Tok(), EngineOptions(**{**base, "decode_gemv": False}))
+    ar_cublas.warmup(progress=False)
     ar = Engine(target, _Tok(), EngineOptions(**base))
     ar.warmup(progress=False)
-    ms = _round_ms(ar, args.iters, args.context)
+    ms, ms_cublas = [], []
+    for _ in range(3):
+        ms += _round_ms(ar, args.iters, args.context)
+        ms_cublas += _round_ms(ar_cublas, args.iters, args.context)
+    del ar_cublas
+    out["metrics"]["llama8b_ar_step_ms_bs1_cublas"] = round(median(ms_cublas), 3)
+    out["metrics"]["llama8b_decode_gemv_speedup_bs1"] = round(median(ms_cublas) / median(ms), 3)
     floor_ms = weight_bytes_per_step(target) / (bw * 1e12) * 1e3
     out["rows"].append(
         {
@@ -253,6 +274,7 @@ def _llama8b(args, out) -> None:
             "weights": "synthetic",
             "context": args.context,
             "round_ms": ms,
+            "round_ms_cublas": ms_cublas,
             "floor_ms": floor_ms,
             "warmup_s": ar.warmup_s,
             "profile": _round_profile(ar, args.context),
