@@ -92,12 +92,14 @@ def main() -> None:
             extra[k] = float(v) if "." in v else int(v)
     dev = torch.device(args.device)
     n_pos = args.max_seq_len + max(
-        scratch_slots(EngineOptions(device="cpu", **config_options(systems[n]))) for n in names
+        scratch_slots(EngineOptions(device="cpu", **config_options(systems[n.removesuffix("_cublas")]))) for n in names
     )
     m = load_stand_in(args, dev, n_pos, print)
     out = {"model": m.info, "context": args.context, "systems": {}, "options": extra}
     for name in names:
-        cfg = systems[name]
+        # "<system>_cublas": the same round with cuBLAS for its one-row projections (no decode GEMV).
+        base, cublas = name.removesuffix("_cublas"), name.endswith("_cublas")
+        cfg = systems[base]
         opts = EngineOptions(
             device=args.device,
             dtype=args.dtype,
@@ -106,7 +108,7 @@ def main() -> None:
             graph_batch_sizes=(1,),
             compile=False if args.no_compile else None,
             **config_options(cfg),
-            **extra,
+            **({**extra, "decode_gemv": False} if cublas else extra),
         )
         t0 = time.perf_counter()
         eng = Engine(m.target, m.tok, opts, None if cfg["kind"] == "ar" else m.drafter)
