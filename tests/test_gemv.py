@@ -67,7 +67,8 @@ def test_gemv_refuses_bad_shapes():
 
 def test_pick_config_and_where_the_engine_uses_the_gemv():
     assert G.pick_config(1) == G.ONE_ROW and G.pick_config(3) == G.MORE_ROWS
-    assert G.gemv_wins(1, 6144, 4096) and G.gemv_wins(1, 128256, 4096)  # the 8B's qkv and head
+    assert G.gemv_wins(1, 6144, 4096) and G.gemv_wins(1, 28672, 4096)  # the 8B's qkv and gate_up
+    assert not G.gemv_wins(1, 128256, 4096) and not G.gemv_wins(1, 151936, 4096)  # heads: cuBLAS is faster
     assert G.gemv_wins(1, 960, 576) and G.gemv_wins(1, 576, 1536)  # SmolLM2's qkv and down
     assert not G.gemv_wins(1, 49152, 576)  # SmolLM2's head: cuBLAS is faster there
     assert not G.gemv_wins(2, 6144, 4096)  # more rows stay with cuBLAS

@@ -2,8 +2,8 @@
 
 At batch 1 every decode projection multiplies one row by a weight matrix, and cuBLAS reads the smaller ones
 well below the HBM rate (Llama-3.1-8B's o projection at 2.5 TB/s) or, on a small model, pays ~4 us a call
-whatever the size. ``kernels/gemv.py`` is faster at one row on every projection measured except a wide head
-over a short K (``gemv_wins``; gemv_h200.json). A ``Linear`` takes that path only when ``decode_gemv`` is
+whatever the size. ``kernels/gemv.py`` is faster at one row on every projection measured except
+the vocabulary heads (``gemv_wins``; gemv_h200.json). A ``Linear`` takes that path only when ``decode_gemv`` is
 set on it (``set_decode_gemv``, which the engine's runners call from ``EngineOptions.decode_gemv``), on CUDA
 in bf16, and only for one row: the branch reads static shapes, so it is fixed once a graph is captured or a
 compiled block traced. Everything else (prefill, verify passes, batches, CPU, fp32) is ``F.linear``.
