@@ -27,6 +27,17 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def _compiled_entries(fn) -> int:
+    """How many compiled versions dynamo holds for ``fn``'s code (a private torch helper; where it is missing,
+    a bound as large as the e2e suite's, 256)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(fn))
+    except Exception:  # pragma: no cover - another torch version
+        return 256
+
+
 def side_stream_warmup(fn, times: int = 2) -> None:
     """Run ``fn`` ``times`` times on a side stream, as CUDA-graph capture needs first (allocator, cuBLAS
     handles, lazy inits must not happen during capture); the current stream waits for it."""
@@ -160,10 +171,13 @@ class ModelRunner:
         self.fused_attention = fused_attention and fused_attention_supported(model.cfg)
         self._layer_fn = None
         if compile:
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            torch._dynamo.config.accumulated_cache_size_limit = max(
-                torch._dynamo.config.accumulated_cache_size_limit, 512
-            )
+            # The entries are run_block's, shared by every runner of the process (its guards hold shapes, not
+            # models): this runner's room counts from what earlier ones left, or with fullgraph its first new
+            # shape past the limit raises (FailOnRecompileLimitHit; tests/test_compile_cache.py).
+            held = _compiled_entries(run_block)
+            cfg = torch._dynamo.config
+            cfg.cache_size_limit = max(cfg.cache_size_limit, held + 64)
+            cfg.accumulated_cache_size_limit = max(cfg.accumulated_cache_size_limit, held + 512)
             self._layer_fn = torch.compile(run_block, fullgraph=True, dynamic=False)
             align_w12_escapes(model)  # W12 layers: one escape length per projection, one graph for all layers
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
