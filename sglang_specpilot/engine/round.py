@@ -35,7 +35,14 @@ from .draft_tree import commit_draft, expand_lattice
 from .ngram import ngram_draft
 from .ngram_tree import ngram_tree
 from .runner import ModelRunner, side_stream_warmup
-from .sampling import BatchSampling, next_tokens, nonfinite_rows, probs_from_logits, sample_from_probs
+from .sampling import (
+    BatchSampling,
+    greedy_rows,
+    next_tokens,
+    nonfinite_rows,
+    probs_from_logits,
+    sample_from_probs,
+)
 from .shared_budget import shared_keep
 from .spec import accepted_length, chain_accept_sampling
 
@@ -175,10 +182,13 @@ class Round:
         if not D:
             hist.scatter_(1, seq[:, None], nxt[:, None])
             logits = self._ar_logits(st, b, kv_len)
-            bonus = next_tokens(logits, bs)
+            if bs.all_greedy:
+                bonus, bad = greedy_rows(logits)
+            else:
+                bonus, bad = next_tokens(logits, bs), nonfinite_rows(logits)
             n = torch.zeros_like(seq)
             st.out[:b, 0] = bonus
-            st.out[:b, -2] = nonfinite_rows(logits)
+            st.out[:b, -2] = bad
         else:
             draft_kw, feats_out = self._shared(use), None
             if self.feature_layers is not None:
@@ -248,10 +258,10 @@ class Round:
             logits, feats = self.target.forward(
                 block, seq[:, None] + depth, slots, seq, anc, kv_len, feature_layers=self.feature_layers
             )
-        out[:, -2] = nonfinite_rows(logits)
+        # Greedy rounds: every node's argmax and the row's flag in one pass over the logits.
+        target, out[:, -2] = greedy_rows(logits) if bs.all_greedy else (None, nonfinite_rows(logits))
         if parents is None:  # chain: the accepted nodes are a prefix, nothing moves
             if bs.all_greedy:
-                target = logits.argmax(-1)
                 n = accepted_length(target[:, :-1] == tokens)
                 bonus = target.gather(1, n[:, None])[:, 0]
             elif qs is not None:
@@ -265,7 +275,7 @@ class Round:
             path = self._path.expand(B, D + 1)
         else:
             if bs.all_greedy:
-                res = accept_greedy_batched(parents, accept_tokens, logits.argmax(-1), anc)
+                res = accept_greedy_batched(parents, accept_tokens, target, anc)
             else:
                 res = accept_sampling_batched(
                     parents, accept_tokens, probs_from_logits(logits, bs), bs.generator, self.shape.top_k, D

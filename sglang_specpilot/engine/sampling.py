@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+try:  # Triton is optional on CPU-only installs: greedy rows then take torch's argmax.
+    from ..kernels.greedy import greedy_pick
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    greedy_pick = None
+
 # Temperatures below this are greedy (as the server and ``generate`` treat them, and vLLM): logits / 1e-40
 # overflow float32 to inf and the probabilities to NaN.
 GREEDY_BELOW = 1e-5
@@ -122,6 +127,17 @@ def next_tokens(logits: torch.Tensor, bs: BatchSampling) -> torch.Tensor:
     if bs.all_greedy:
         return logits.argmax(-1)
     return sample_from_probs(probs_from_logits(logits, bs), bs.generator)
+
+
+def greedy_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, ..., V] -> (argmax [B, ...], non-finite [B] bool): a greedy round's tokens and its per-row
+    flag (``nonfinite_rows``). On CUDA one pass of ``kernels/greedy.py`` reads the logits once for both;
+    elsewhere torch's argmax and ``nonfinite_rows``. Finite rows get torch's argmax exactly (ties to the
+    smallest index); a flagged row's tokens are never used."""
+    if greedy_pick is None or not logits.is_cuda:
+        return logits.argmax(-1), nonfinite_rows(logits)
+    tok, bad = greedy_pick(logits)
+    return tok, bad.flatten(1).any(-1) if bad.dim() > 1 else bad
 
 
 def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
