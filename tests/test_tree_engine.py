@@ -295,3 +295,28 @@ def test_smollm2_tree_greedy_equals_ar():
         o = EngineOptions(**{**opts.__dict__, **tree})
         res = Engine(target, tok, o, draft).generate(ps, params)
         assert [r.token_ids for r in res] == ar
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_draft_chain_equals_the_top1_lattice(depth):
+    # The greedy chain's fast path must draft the very tokens expand_lattice grows at top_k 1.
+    from sglang_specpilot.engine.draft_tree import draft_chain
+
+    model = tiny_model("tiny-qwen3", dtype=torch.float64)
+    ps = prompts([6, 11, 8], model.cfg.vocab_size, seed=7)
+    history = torch.zeros(3, 128, dtype=torch.long)
+    for b, p in enumerate(ps):
+        history[b, : len(p)] = torch.tensor(p)
+    seq_len = torch.tensor([len(p) - 1 for p in ps])
+    next_tok = torch.tensor([p[-1] for p in ps])
+    got = []
+    for fast in (False, True):
+        runner = ModelRunner(model, 3, 128, cuda_graphs=False)
+        a, d = causal_tree(11)
+        runner.step(history[:, :11], torch.tensor([0, 0, 0]), a, d)
+        if fast:
+            got.append(draft_chain(runner, history, seq_len, next_tok, depth))
+        else:
+            lat, _, _ = expand_lattice(runner, history, seq_len, next_tok, depth, 1)
+            got.append(lat.tokens[:, :, 0])
+    assert got[1].shape == (3, depth) and torch.equal(got[0], got[1])

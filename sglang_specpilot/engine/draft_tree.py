@@ -155,6 +155,58 @@ def expand_lattice(
     return lattice, expanded_by, (torch.stack(qs, 1) if qs else None)
 
 
+def draft_chain(
+    runner: ModelRunner,
+    history: torch.Tensor,
+    seq_len: torch.Tensor,
+    next_tok: torch.Tensor,
+    depth: int,
+    kv_len: int | None = None,
+    features: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """A greedy chain's draft tokens [B, depth]: ``expand_lattice`` at top_k 1, without the lattice.
+
+    The same forwards with the same inputs, so the same tokens: the root step, then depth d's one node at
+    slot and position seq_len + d seeing the prefix and nodes 0 .. d (row d of a causal mask over the
+    ``depth`` expansion slots, shared by every row), fed the previous depth's argmax (and, for an EAGLE-3
+    drafter, the previous depth's hidden state). What it leaves out is the lattice's bookkeeping, which a
+    chain never reads: scores, a sort over one candidate, the visibility and expansion tables. On the H200
+    that bookkeeping was about 30 small kernels (~45 us) a depth of the lifted 8B's chain round
+    (round_profile_h200.json, 57541d1).
+    """
+    if features is None:
+        ar2 = torch.arange(2, device=seq_len.device)
+        prev = history.gather(1, (seq_len - 1)[:, None])
+        pos0 = (seq_len - 1)[:, None] + ar2
+        logits = runner.forward(
+            torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _tril(2, str(seq_len.device)), kv_len
+        )[:, -1]
+        h = head = d2t = None
+    else:
+        drafter = runner.model
+        h = _eagle_root(runner, history, seq_len, next_tok, *features, kv_len)[:, None]  # [B, 1, H]
+        head = drafter.logits
+        d2t = drafter.d2t if drafter.spec.draft_vocab != drafter.spec.target_vocab else None
+        logits = head(h[:, 0])
+    tok = logits.argmax(-1, keepdim=True)  # [B, 1]
+    if d2t is not None:
+        tok = d2t[tok]
+    tokens = [tok]
+    vis = _tril(depth, str(seq_len.device))  # expansion e sees expansions 0 .. e (a chain's ancestors)
+    for d in range(1, depth):
+        pos = (seq_len + d)[:, None]
+        if h is None:
+            logits = runner.forward(tok, pos, pos, seq_len, vis[d : d + 1], kv_len)
+        else:
+            h = runner.forward(tok, pos, pos, seq_len, vis[d : d + 1], kv_len, g=h)
+            logits = head(h)
+        tok = logits.argmax(-1)  # [B, 1]
+        if d2t is not None:
+            tok = d2t[tok]
+        tokens.append(tok)
+    return torch.cat(tokens, 1)
+
+
 def _eagle_root(runner, history, seq_len, next_tok, feats, n_prev, kv_len) -> torch.Tensor:
     """The EAGLE-3 depth-0 step: the drafter's hidden state at the root [B, H].
 

@@ -31,7 +31,7 @@ import torch
 from tree_verify import accept_greedy_batched, accept_sampling_batched, ancestor_mask, best_first
 
 from .attn_meta import causal_tree
-from .draft_tree import commit_draft, expand_lattice
+from .draft_tree import commit_draft, draft_chain, expand_lattice
 from .ngram import ngram_draft
 from .ngram_tree import ngram_tree
 from .runner import ModelRunner, side_stream_warmup
@@ -149,6 +149,8 @@ class Round:
                 return ngram_draft(hist, seq, nxt, self.ngram, D), None, None, None, None
             tree, valid = ngram_tree(hist, seq, nxt, self.ngram, D, K, N)
             return tree.tokens, tree.parents, torch.where(valid, tree.tokens, -1), None, None
+        if self.shape.chain and bs.all_greedy:  # no lattice to build: the chain's tokens alone
+            return draft_chain(self.draft, hist, seq, nxt, D, kv_len, features), None, None, None, None
         sample = None
         if self.shape.chain and not bs.all_greedy:
 
