@@ -62,24 +62,8 @@ def expand_lattice(
     if sample is not None and k != 1:
         raise ValueError("sampled drafting draws one token per depth (top_k 1)")
     E = 1 + (depth - 1) * k
-    if features is None:
-        ar2 = torch.arange(2, device=dev)
-        prev = history.gather(1, (seq_len - 1)[:, None])
-        pos0 = (seq_len - 1)[:, None] + ar2
-        logits = runner.forward(
-            torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _tril(2, str(dev)), kv_len
-        )[:, -1]
-        hidden = d2t = None
-    else:
-        drafter = runner.model
-        h_root = _eagle_root(runner, history, seq_len, next_tok, *features, kv_len)
-        # Greedy drafting ranks the draft vocabulary itself and maps the winners' ids (d2t): an argmax or
-        # top-k over the target's whole vocabulary cost 13.5 us a depth on the H200 for SmolLM2's 49,152.
-        # Sampling needs the distribution over target ids.
-        head = drafter.logits if sample is None else drafter.target_logits
-        d2t = drafter.d2t if sample is None and drafter.spec.draft_vocab != drafter.spec.target_vocab else None
-        logits = head(h_root)
-        hidden = h_root[:, None]  # [B, expansions so far, H]: each expansion's output, its children's g
+    logits, h_root, head, d2t = _draft_root(runner, history, seq_len, next_tok, kv_len, features, sample is not None)
+    hidden = None if h_root is None else h_root[:, None]  # [B, expansions so far, H]: each one's output
     qs = []
 
     def children(logits):
@@ -174,20 +158,8 @@ def draft_chain(
     that bookkeeping was about 30 small kernels (~45 us) a depth of the lifted 8B's chain round
     (round_profile_h200.json, 57541d1).
     """
-    if features is None:
-        ar2 = torch.arange(2, device=seq_len.device)
-        prev = history.gather(1, (seq_len - 1)[:, None])
-        pos0 = (seq_len - 1)[:, None] + ar2
-        logits = runner.forward(
-            torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _tril(2, str(seq_len.device)), kv_len
-        )[:, -1]
-        h = head = d2t = None
-    else:
-        drafter = runner.model
-        h = _eagle_root(runner, history, seq_len, next_tok, *features, kv_len)[:, None]  # [B, 1, H]
-        head = drafter.logits
-        d2t = drafter.d2t if drafter.spec.draft_vocab != drafter.spec.target_vocab else None
-        logits = head(h[:, 0])
+    logits, h, head, d2t = _draft_root(runner, history, seq_len, next_tok, kv_len, features, False)
+    h = None if h is None else h[:, None]  # [B, 1, H]
     tok = logits.argmax(-1, keepdim=True)  # [B, 1]
     if d2t is not None:
         tok = d2t[tok]
@@ -205,6 +177,28 @@ def draft_chain(
             tok = d2t[tok]
         tokens.append(tok)
     return torch.cat(tokens, 1)
+
+
+def _draft_root(runner, history, seq_len, next_tok, kv_len, features, sampled: bool):
+    """The depth-0 draft step of ``expand_lattice`` and ``draft_chain``: (root logits [B, V'], the EAGLE-3
+    root hidden state [B, H] or None, the head that scores later depths or None, the draft-to-target id
+    map or None). A plain drafter runs [tok[seq_len-1], next_tok] at slots seq_len-1, seq_len."""
+    if features is None:
+        ar2 = torch.arange(2, device=seq_len.device)
+        prev = history.gather(1, (seq_len - 1)[:, None])
+        pos0 = (seq_len - 1)[:, None] + ar2
+        logits = runner.forward(
+            torch.cat([prev, next_tok[:, None]], 1), pos0, pos0, seq_len - 1, _tril(2, str(seq_len.device)), kv_len
+        )[:, -1]
+        return logits, None, None, None
+    drafter = runner.model
+    h_root = _eagle_root(runner, history, seq_len, next_tok, *features, kv_len)
+    # Greedy drafting ranks the draft vocabulary itself and maps the winners' ids (d2t): an argmax or top-k
+    # over the target's whole vocabulary cost 13.5 us a depth on the H200 for SmolLM2's 49,152. Sampling
+    # needs the distribution over target ids.
+    head = drafter.target_logits if sampled else drafter.logits
+    d2t = drafter.d2t if not sampled and drafter.spec.draft_vocab != drafter.spec.target_vocab else None
+    return head(h_root), h_root, head, d2t
 
 
 def _eagle_root(runner, history, seq_len, next_tok, feats, n_prev, kv_len) -> torch.Tensor:
