@@ -54,11 +54,11 @@ def pick_config(M: int) -> GemvConfig:
 
 def gemv_wins(M: int, N: int, K: int) -> bool:
     """Whether ``gemv`` beats cuBLAS at this shape on the H200: at one row on every projection up to 32,768
-    outputs, and on no vocabulary head. gemv_h200.json (da5d5be, ``ONE_ROW``): qkv, o, gate_up and down of
+    outputs, and on no vocabulary head. gemv_h200.json (57541d1, ``ONE_ROW``): qkv, o, gate_up and down of
     Llama-3.1-8B 1.01-1.28x, Qwen3-8B 1.03-1.33x, Llama-3.2-1B 1.04-1.47x, SmolLM2 1.36-1.72x; every head
-    (49,152 to 151,936 outputs) 0.79-0.92x, where cuBLAS already streams at 3.5-4.3 TB/s (the 8B's head: 274 us
-    against cuBLAS's 244 in gemv_bench). At two rows or more cuBLAS is as
-    fast or faster on the 8B, so those stay with it."""
+    (49,152 to 151,936 outputs) 0.79-0.92x, where cuBLAS already streams at 3.5-4.3 TB/s (the 8B's head:
+    274 us against cuBLAS's 244 in gemv_bench). At two rows or more cuBLAS is as fast or faster on the 8B,
+    so those stay with it."""
     return M == 1 and N <= MAX_GEMV_N
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 CHUNK = 8192  # logits a program reads: 16 programs a row at Llama 3's 128,256, 6 at SmolLM2's 49,152
 BLOCK = 2048  # logits a program loads a step
@@ -66,9 +65,6 @@ def _pick_merge(val_ptr, idx_ptr, bad_ptr, tok_ptr, flag_ptr, n_chunks, SPLITS: 
     tok = tl.sum(tl.where(c == first, i, 0), 0)
     tl.store(tok_ptr + row, tok)
     tl.store(flag_ptr + row, tl.max(b, 0) != 0)
-
-
-INTERPRETED = isinstance(_pick_chunks, InterpretedFunction)
 
 
 def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
