@@ -107,7 +107,7 @@ ENGINE_FLAGS = (
     "cuda_graphs", "compile", "weights", "draft_weights", "tree_budget", "tree_depth", "tree_top_k",
     "tlv", "tlv_chain_len", "tlv_hang_budget", "tlv_root_budget",
     "auto_off", "auto_off_curve", "auto_off_probe_every", "adaptive_depths", "shared_budget", "prompt_admission",
-    "capture_sampling", "decode_gemv",
+    "capture_sampling", "decode_gemv", "verify_gemm",
 )  # fmt: skip
 ENGINE_DEFAULTS = {
     "model": None, "draft": None, "draft_layers": None, "ngram": DEFAULT_NGRAM, "synthetic": False, "mode": "spec",
@@ -116,7 +116,7 @@ ENGINE_DEFAULTS = {
     "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
     "auto_off": False, "auto_off_curve": None, "auto_off_probe_every": 16, "adaptive_depths": None,
     "shared_budget": None, "prompt_admission": 0, "capture_sampling": True,
-    "decode_gemv": True,
+    "decode_gemv": True, "verify_gemm": True,
 }  # fmt: skip
 
 
@@ -158,6 +158,9 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
         "decode_gemv": lambda: g.add_argument(
             "--decode-gemv", action=argparse.BooleanOptionalAction, default=True,
             help="one-row bf16 projections run SpecPilot's GEMV where it beats cuBLAS (CUDA only)"),
+        "verify_gemm": lambda: g.add_argument(
+            "--verify-gemm", action=argparse.BooleanOptionalAction, default=True,
+            help="bf16 projections of 2-64 rows (verify passes) run our GEMM where it beats cuBLAS (CUDA only)"),
         "compile": lambda: g.add_argument(
             "--compile", action=argparse.BooleanOptionalAction, default=None,
             help="torch.compile the captured steps; default: on for CUDA, off on the CPU"),
@@ -286,6 +289,7 @@ def engine_options(args: argparse.Namespace):
         prompt_admission=args.prompt_admission,
         capture_sampling=args.capture_sampling,
         decode_gemv=args.decode_gemv,
+        verify_gemm=args.verify_gemm,
         **kw,
     )
 

@@ -112,6 +112,9 @@ class EngineOptions:
         of cuBLAS where it is faster (``gemv_wins``; ``models/linear.py``). On by default: on the H200
         (gemv_h200.json) it read Llama-3.1-8B's projections 1.07-1.30x faster than cuBLAS and SmolLM2's
         1.3-1.7x. Its sums run in another order, so a greedy near-tie may tip (token forcing judges).
+    verify_gemm : BF16 projections of 2 to 64 rows (verify passes, small batches) run
+        ``kernels/skinny_gemm.py`` instead of cuBLAS at the row counts and shapes where it is faster
+        (``skinny_wins``; skinny_gemm_h200.json). Same caveat on near-ties as ``decode_gemv``.
     """
 
     model: str | None = None
@@ -148,6 +151,7 @@ class EngineOptions:
     prompt_admission: int = 0
     capture_sampling: bool = True
     decode_gemv: bool = True
+    verify_gemm: bool = True
     colocate_batches: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

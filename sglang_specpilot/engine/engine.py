@@ -124,6 +124,7 @@ class Engine:
             scratch_slots=scratch_slots(options),
             compile=options.compile_on,
             decode_gemv=options.decode_gemv,
+            verify_gemm=options.verify_gemm,
         )
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None

@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from ..models.linear import set_decode_gemv
+from ..models.linear import set_decode_gemv, verify_gemm_layers
 from ..models.llama import Transformer, fused_attention_supported, run_block
 from ..models.mixed_forward import Group, mixed_forward
 from ..models.w12_weights import align_w12_escapes
@@ -145,10 +145,13 @@ class ModelRunner:
         compile: bool = False,
         fused_attention: bool = True,
         decode_gemv: bool = True,
+        verify_gemm: bool = True,
     ):
         self.model = model
-        # One-row projections run kernels/gemv.py where it beats cuBLAS (models/linear.py); CUDA bf16 only.
-        self.decode_gemv_layers = set_decode_gemv(model, decode_gemv)
+        # One-row projections run kernels/gemv.py where it beats cuBLAS, verify-sized ones (2..64 rows)
+        # kernels/skinny_gemm.py where that does (models/linear.py); CUDA bf16 only.
+        self.decode_gemv_layers = set_decode_gemv(model, decode_gemv, verify_gemm)
+        self.verify_gemm_layers = verify_gemm_layers(model)
         self.device = model.embed.weight.device
         self.dtype = model.embed.weight.dtype
         self.max_batch, self.max_seq = max_batch, max_seq

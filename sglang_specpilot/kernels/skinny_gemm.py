@@ -70,6 +70,11 @@ def pick_config(M: int, N: int, K: int) -> SkinnyConfig:
     return SkinnyConfig(bn, bk, split_for(tiles, -(-K // bk)), 4, stages)
 
 
+def skinny_wins(M: int, N: int, K: int) -> bool:
+    """Whether ``skinny_gemm`` beats cuBLAS at this shape on the H200 (set from skinny_gemm_bench.json)."""
+    return False
+
+
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _skinny_kernel(
     x_ptr,
@@ -218,6 +223,26 @@ def skinny_gemm(
         num_stages=cfg.num_stages,
     )
     return y.reshape(*lead, N)
+
+
+@torch.library.custom_op("specpilot::skinny_gemm", mutates_args=())
+def _skinny_op(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, counters: torch.Tensor
+) -> torch.Tensor:
+    # Opaque to torch.compile: the config is chosen here, in eager code, from static shapes. ``counters`` is
+    # scratch the launch returns to zero, so the op mutates nothing a caller can observe (declaring it mutated
+    # would make the compiled graph copy the buffer around every call).
+    return skinny_gemm(x, weight, bias, counters)
+
+
+@_skinny_op.register_fake
+def _(x, weight, bias, counters):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, counters: torch.Tensor):
+    """``skinny_gemm`` with ``pick_config``'s tile, as one op a compiled graph calls (``models/linear.py``)."""
+    return _skinny_op(x, weight, bias, counters)
 
 
 def skinny_gemm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -20,29 +20,46 @@ from torch import nn
 
 try:  # Triton is optional on CPU-only installs: then no Linear takes the GEMV path.
     from ..kernels.gemv import gemv, gemv_wins
+    from ..kernels.skinny_gemm import MAX_ROWS, MIN_ROWS, new_counters, skinny_linear, skinny_wins
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    gemv = gemv_wins = None
+    gemv = gemv_wins = skinny_linear = skinny_wins = new_counters = None
+    MIN_ROWS = MAX_ROWS = 0
 
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) with the one-row GEMV path described above."""
 
     decode_gemv = False  # per module; set by set_decode_gemv
+    verify_rows = frozenset()  # row counts that take kernels/skinny_gemm.py; set by set_decode_gemv
+    counters = None  # that kernel's split-K counters (one buffer per layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decode_gemv and x.numel() == x.shape[-1]:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if self.decode_gemv and rows == 1:
             return gemv(x, self.weight, self.bias)
+        if rows in self.verify_rows:
+            return skinny_linear(x, self.weight, self.bias, self.counters)
         return F.linear(x, self.weight, self.bias)
 
 
-def set_decode_gemv(model: nn.Module, on: bool) -> int:
+def set_decode_gemv(model: nn.Module, on: bool, verify: bool = False) -> int:
     """Turn the one-row GEMV path on (where ``gemv_wins`` for the layer's shape) or off for every ``Linear``
-    of ``model``; on only takes on CUDA bf16 weights with Triton present. Returns how many layers took it."""
+    of ``model``, and with ``verify`` the verify-rows GEMM for the row counts where ``skinny_wins``; either
+    only takes on CUDA bf16 weights with Triton present. Returns how many layers took the GEMV."""
     n = 0
     for m in model.modules():
         if isinstance(m, Linear):
             w = m.weight
-            ok = on and gemv is not None and w.is_cuda and w.dtype == torch.bfloat16
-            m.decode_gemv = bool(ok and gemv_wins(1, w.shape[0], w.shape[1]))
+            ok = gemv is not None and w.is_cuda and w.dtype == torch.bfloat16
+            N, K = w.shape
+            m.decode_gemv = bool(on and ok and gemv_wins(1, N, K))
+            rows = range(MIN_ROWS, MAX_ROWS + 1) if verify and ok else ()
+            m.verify_rows = frozenset(r for r in rows if skinny_wins(r, N, K))
+            m.counters = new_counters(w.device) if m.verify_rows else None
             n += m.decode_gemv
     return n
+
+
+def verify_gemm_layers(model: nn.Module) -> int:
+    """How many of ``model``'s projections take the verify-rows GEMM at some row count."""
+    return sum(1 for m in model.modules() if isinstance(m, Linear) and m.verify_rows)
