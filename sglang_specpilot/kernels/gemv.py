@@ -78,27 +78,59 @@ def _row_store(y_ptr, row, stride_ym, n, n_ok, acc, b_ptr, HAS_BIAS: tl.constexp
 
 
 @triton.jit
+def _fused_row_load(x_ptr, nw_ptr, k, k_ok, K, rstd, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr):
+    # Row 0 of x as the projection sees it, after the fused prologue, rounded where the unfused ops round.
+    if PROLOGUE == 2:
+        # silu_mul: x holds [gate | up], 2K features; silu(gate) * up in fp32, rounded once (as inductor's
+        # fused kernel of ``silu_mul`` does).
+        g = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
+        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+    xk = _row_load(x_ptr, 0, 0, k, k_ok, EVEN_K)
+    if PROLOGUE == 1:
+        # rms_norm (models/llama.py): x * rstd in fp32 rounded to x's dtype, then times the weight in that
+        # dtype, rounded again.
+        if EVEN_K:
+            nw = tl.load(nw_ptr + k).to(tl.float32)
+        else:
+            nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        xk = (xk * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+        xk = (xk * nw).to(x_ptr.dtype.element_ty).to(tl.float32)
+    return xk
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
     y_ptr,
+    nw_ptr,
+    res_ptr,
     N,
     K,
     stride_xm,
     stride_wn,
     stride_ym,
+    eps,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PROLOGUE: tl.constexpr = 0,
+    HAS_RES: tl.constexpr = False,
 ):
     # Each row of x keeps a [BLOCK_N, BLOCK_K] fp32 accumulator of elementwise products and is reduced over K
     # once, after the loop: the loop body is loads and FMAs only, so the next tile's loads issue while this
     # tile multiplies. (Reducing every step, as the first version did, put a cross-warp reduction with its
     # barriers between every two loads: 1.4-2.5 TB/s on the 8B's projections, gemv_h200.json at b5e79e0.)
+    #
+    # PROLOGUE (one row only): 1 = the row is rms_norm(x) with weight nw_ptr (each program first sums x^2
+    # over all of K itself: x is a few KB, read from L1/L2, where a norm kernel of its own costs a launch),
+    # 2 = the row is silu_mul(x). HAS_RES: y = x @ W^T rounded, plus res_ptr's row, rounded again (the
+    # residual add after the o and down projections).
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -108,6 +140,14 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    rstd = 0.0
+    if PROLOGUE == 1:
+        sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            xk = _row_load(x_ptr, 0, 0, k, k < K, EVEN_K)
+            sq += xk * xk
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + eps)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
@@ -115,14 +155,24 @@ def _gemv_kernel(
             w = tl.load(w_rows + k[None, :]).to(tl.float32)
         else:
             w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        acc0 += w * _row_load(x_ptr, 0, stride_xm, k, k_ok, EVEN_K)[None, :]
+        if PROLOGUE == 0:
+            acc0 += w * _row_load(x_ptr, 0, stride_xm, k, k_ok, EVEN_K)[None, :]
+        else:
+            acc0 += w * _fused_row_load(x_ptr, nw_ptr, k, k_ok, K, rstd, EVEN_K, PROLOGUE)[None, :]
         if ROWS > 1:
             acc1 += w * _row_load(x_ptr, 1, stride_xm, k, k_ok, EVEN_K)[None, :]
         if ROWS > 2:
             acc2 += w * _row_load(x_ptr, 2, stride_xm, k, k_ok, EVEN_K)[None, :]
         if ROWS > 3:
             acc3 += w * _row_load(x_ptr, 3, stride_xm, k, k_ok, EVEN_K)[None, :]
-    _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, HAS_BIAS)
+    if HAS_RES:
+        y = tl.sum(acc0, axis=1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        y = y.to(y_ptr.dtype.element_ty).to(tl.float32) + tl.load(res_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, HAS_BIAS)
     if ROWS > 1:
         _row_store(y_ptr, 1, stride_ym, n, n_ok, acc1, b_ptr, HAS_BIAS)
     if ROWS > 2:
@@ -139,24 +189,50 @@ def _launchable(kernel):
     return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: GemvConfig | None = None):
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+):
     """``x [..., K]`` (at most MAX_ROWS rows in all) times ``weight [N, K]``^T (+ ``bias [N]``) -> ``[..., N]``
-    in x's dtype. Runs on the GPU or in the Triton interpreter."""
-    K = x.shape[-1]
+    in x's dtype. Runs on the GPU or in the Triton interpreter.
+
+    Fused prologues and epilogue, for one row only (a decode step's layer in fewer launches):
+    ``norm`` (a [K] weight, with ``eps``): the row is ``rms_norm(x, norm, eps)``; ``silu``: x has 2K features
+    and the row is ``silu_mul(x)``; ``residual`` ([..., N]): the result is ``residual + y``. Each rounds where
+    the unfused ops (``models/llama.py``) round, so only their fp32 sums' order differs."""
+    if norm is not None and silu:
+        raise ValueError("gemv takes one prologue: norm or silu, not both")
+    fused = norm is not None or silu or residual is not None
+    K = x.shape[-1] // 2 if silu else x.shape[-1]
     N = weight.shape[0]
     if weight.shape != (N, K):
         raise ValueError(f"weight {tuple(weight.shape)} does not take x with {K} features")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
+    x2 = x.reshape(-1, x.shape[-1])
     M = x2.shape[0]
     if not 1 <= M <= MAX_ROWS:
         raise ValueError(f"gemv takes 1 to {MAX_ROWS} rows, got {M} (use F.linear)")
+    if fused and M != 1:
+        raise ValueError(f"gemv's fused norm / silu / residual take one row, got {M}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
         raise ValueError("weight must be contiguous along K")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias {tuple(bias.shape)}, expected ({N},)")
+    if norm is not None and (norm.shape != (K,) or norm.dtype != x.dtype):
+        raise ValueError(f"norm weight {tuple(norm.shape)} {norm.dtype}, expected ({K},) {x.dtype}")
+    if residual is not None:
+        if residual.numel() != N or residual.dtype != x.dtype:
+            raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype}, expected {N} values of {x.dtype}")
+        residual = residual.reshape(N).contiguous()
     cfg = config or pick_config(M)
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(N, cfg.block_n),)
@@ -165,25 +241,47 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight,
         bias if bias is not None else weight,  # unused without HAS_BIAS
         y,
+        norm if norm is not None else weight,  # unused without the norm prologue
+        residual if residual is not None else weight,  # unused without HAS_RES
         N,
         K,
         x2.stride(0),
         weight.stride(0),
         y.stride(0),
+        float(eps),
         ROWS=M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         HAS_BIAS=bias is not None,
         EVEN_K=K % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
+        PROLOGUE=1 if norm is not None else 2 if silu else 0,
+        HAS_RES=residual is not None,
         num_warps=cfg.num_warps,
     )
     return y.reshape(*lead, N)
 
 
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The reference: fp32 products and sums, one rounding to x's dtype."""
+def gemv_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The reference: the prologue as the unfused ops compute it, then fp32 products and sums, one rounding to
+    x's dtype, then the residual add."""
+    if norm is not None:
+        xf = x.float()
+        x = norm * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    if silu:
+        g, u = x.float().chunk(2, dim=-1)
+        x = (g * torch.sigmoid(g) * u).to(x.dtype)
     y = x.float() @ weight.float().t()
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    y = y.to(x.dtype)
+    return y if residual is None else residual + y.view(residual.shape)
