@@ -1,9 +1,9 @@
 # One device call (after the GGUF's three parts have come): the fused decode kernels' GPU tests, then an
-# A/B of the fused prologues/epilogue and rope + cache write (SPECPILOT_FUSED_DECODE=1 vs 0, separate
+# A/B of the fused down projection (silu_mul prologue, residual epilogue) and rope + cache write (SPECPILOT_FUSED_DECODE=1 vs 0, separate
 # processes, alternated) on the lifted 8B stand-in and the real SmolLM2, AR and tree rounds (round_profile).
 set -u
 python -m pytest -q tests/test_gemv.py tests/test_rope_cache.py 2>&1 | tail -3
-for rep in 1 2; do
+for rep in 1; do
   for f in 1 0; do
     SPECPILOT_FUSED_DECODE=$f python benchmarks/probes/round_profile.py --model /tmp/smol.gguf --systems ar,tree32d3 \
       --out $OUT/rp_lifted8b_f${f}_r$rep.json 2>&1 | tail -4

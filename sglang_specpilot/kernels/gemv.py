@@ -78,25 +78,12 @@ def _row_store(y_ptr, row, stride_ym, n, n_ok, acc, b_ptr, HAS_BIAS: tl.constexp
 
 
 @triton.jit
-def _fused_row_load(x_ptr, nw_ptr, k, k_ok, K, rstd, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr):
-    # Row 0 of x as the projection sees it, after the fused prologue, rounded where the unfused ops round.
-    if PROLOGUE == 2:
-        # silu_mul: x holds [gate | up], 2K features; silu(gate) * up in fp32, rounded once (as inductor's
-        # fused kernel of ``silu_mul`` does).
-        g = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-        u = tl.load(x_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
-        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
-    xk = _row_load(x_ptr, 0, 0, k, k_ok, EVEN_K)
-    if PROLOGUE == 1:
-        # rms_norm (models/llama.py): x * rstd in fp32 rounded to x's dtype, then times the weight in that
-        # dtype, rounded again.
-        if EVEN_K:
-            nw = tl.load(nw_ptr + k).to(tl.float32)
-        else:
-            nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-        xk = (xk * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-        xk = (xk * nw).to(x_ptr.dtype.element_ty).to(tl.float32)
-    return xk
+def _silu_row_load(x_ptr, k, k_ok, K):
+    # Row 0 of x as the down projection sees it: x holds [gate | up], 2K features; silu(gate) * up in fp32,
+    # rounded once (as inductor's fused kernel of ``silu_mul`` does).
+    g = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + K + k, mask=k_ok, other=0.0).to(tl.float32)
+    return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
 
 
 @triton.jit
@@ -105,21 +92,19 @@ def _gemv_kernel(
     w_ptr,
     b_ptr,
     y_ptr,
-    nw_ptr,
     res_ptr,
     N,
     K,
     stride_xm,
     stride_wn,
     stride_ym,
-    eps,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    PROLOGUE: tl.constexpr = 0,
+    SILU: tl.constexpr = False,
     HAS_RES: tl.constexpr = False,
 ):
     # Each row of x keeps a [BLOCK_N, BLOCK_K] fp32 accumulator of elementwise products and is reduced over K
@@ -127,10 +112,13 @@ def _gemv_kernel(
     # tile multiplies. (Reducing every step, as the first version did, put a cross-warp reduction with its
     # barriers between every two loads: 1.4-2.5 TB/s on the 8B's projections, gemv_h200.json at b5e79e0.)
     #
-    # PROLOGUE (one row only): 1 = the row is rms_norm(x) with weight nw_ptr (each program first sums x^2
-    # over all of K itself: x is a few KB, read from L1/L2, where a norm kernel of its own costs a launch),
-    # 2 = the row is silu_mul(x). HAS_RES: y = x @ W^T rounded, plus res_ptr's row, rounded again (the
-    # residual add after the o and down projections).
+    # One row only: SILU, the row is silu_mul(x) (the prologue of the down projection); HAS_RES, y = x @ W^T
+    # rounded, plus res_ptr's row, rounded again (the residual add after it).
+    #
+    # An rms_norm prologue was built and measured, and dropped: each program summed x^2 over all of K before
+    # its loop, and on the H200 (3ba6857, round_profile A/B against the norm kernel, the lifted 8B's AR
+    # round) qkv went 14.4 -> 18.2 us and gate_up 56.1 -> 61.8 us against 2.3 and 2.7 us for the two norm
+    # kernels it replaced.
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -140,14 +128,6 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    rstd = 0.0
-    if PROLOGUE == 1:
-        sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            xk = _row_load(x_ptr, 0, 0, k, k < K, EVEN_K)
-            sq += xk * xk
-        rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + eps)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
@@ -155,10 +135,10 @@ def _gemv_kernel(
             w = tl.load(w_rows + k[None, :]).to(tl.float32)
         else:
             w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        if PROLOGUE == 0:
-            acc0 += w * _row_load(x_ptr, 0, stride_xm, k, k_ok, EVEN_K)[None, :]
+        if SILU:
+            acc0 += w * _silu_row_load(x_ptr, k, k_ok, K)[None, :]
         else:
-            acc0 += w * _fused_row_load(x_ptr, nw_ptr, k, k_ok, K, rstd, EVEN_K, PROLOGUE)[None, :]
+            acc0 += w * _row_load(x_ptr, 0, stride_xm, k, k_ok, EVEN_K)[None, :]
         if ROWS > 1:
             acc1 += w * _row_load(x_ptr, 1, stride_xm, k, k_ok, EVEN_K)[None, :]
         if ROWS > 2:
@@ -195,21 +175,16 @@ def gemv(
     bias: torch.Tensor | None = None,
     config: GemvConfig | None = None,
     *,
-    norm: torch.Tensor | None = None,
-    eps: float = 0.0,
     silu: bool = False,
     residual: torch.Tensor | None = None,
 ):
     """``x [..., K]`` (at most MAX_ROWS rows in all) times ``weight [N, K]``^T (+ ``bias [N]``) -> ``[..., N]``
     in x's dtype. Runs on the GPU or in the Triton interpreter.
 
-    Fused prologues and epilogue, for one row only (a decode step's layer in fewer launches):
-    ``norm`` (a [K] weight, with ``eps``): the row is ``rms_norm(x, norm, eps)``; ``silu``: x has 2K features
-    and the row is ``silu_mul(x)``; ``residual`` ([..., N]): the result is ``residual + y``. Each rounds where
-    the unfused ops (``models/llama.py``) round, so only their fp32 sums' order differs."""
-    if norm is not None and silu:
-        raise ValueError("gemv takes one prologue: norm or silu, not both")
-    fused = norm is not None or silu or residual is not None
+    A fused prologue and epilogue, for one row only (a decode step's down projection in one launch instead of
+    three): ``silu``, x has 2K features and the row is ``silu_mul(x)``; ``residual`` ([..., N]), the result
+    is ``residual + y``. Each rounds where the unfused ops (``models/llama.py``, compiled) round."""
+    fused = silu or residual is not None
     K = x.shape[-1] // 2 if silu else x.shape[-1]
     N = weight.shape[0]
     if weight.shape != (N, K):
@@ -220,15 +195,13 @@ def gemv(
     if not 1 <= M <= MAX_ROWS:
         raise ValueError(f"gemv takes 1 to {MAX_ROWS} rows, got {M} (use F.linear)")
     if fused and M != 1:
-        raise ValueError(f"gemv's fused norm / silu / residual take one row, got {M}")
+        raise ValueError(f"gemv's fused silu / residual take one row, got {M}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
         raise ValueError("weight must be contiguous along K")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias {tuple(bias.shape)}, expected ({N},)")
-    if norm is not None and (norm.shape != (K,) or norm.dtype != x.dtype):
-        raise ValueError(f"norm weight {tuple(norm.shape)} {norm.dtype}, expected ({K},) {x.dtype}")
     if residual is not None:
         if residual.numel() != N or residual.dtype != x.dtype:
             raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype}, expected {N} values of {x.dtype}")
@@ -241,21 +214,19 @@ def gemv(
         weight,
         bias if bias is not None else weight,  # unused without HAS_BIAS
         y,
-        norm if norm is not None else weight,  # unused without the norm prologue
         residual if residual is not None else weight,  # unused without HAS_RES
         N,
         K,
         x2.stride(0),
         weight.stride(0),
         y.stride(0),
-        float(eps),
         ROWS=M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         HAS_BIAS=bias is not None,
         EVEN_K=K % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages,
-        PROLOGUE=1 if norm is not None else 2 if silu else 0,
+        SILU=silu,
         HAS_RES=residual is not None,
         num_warps=cfg.num_warps,
     )
@@ -267,16 +238,11 @@ def gemv_ref(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    norm: torch.Tensor | None = None,
-    eps: float = 0.0,
     silu: bool = False,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The reference: the prologue as the unfused ops compute it, then fp32 products and sums, one rounding to
     x's dtype, then the residual add."""
-    if norm is not None:
-        xf = x.float()
-        x = norm * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     if silu:
         g, u = x.float().chunk(2, dim=-1)
         x = (g * torch.sigmoid(g) * u).to(x.dtype)

@@ -44,30 +44,23 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
-# A benchmarking hook, for A/B runs of the fused prologues and epilogue in separate processes (the choice is
+# A benchmarking hook, for A/B runs of the fused prologue and epilogue in separate processes (the choice is
 # baked into compiled blocks and captured graphs): SPECPILOT_FUSED_DECODE=0 keeps the one-row GEMV but runs
-# the norms, silu_mul and residual adds as their own kernels, as before they were fused; it also turns off
-# the rope + cache-write kernel of ``Attention.core`` (kernels/rope_cache.py).
+# silu_mul and the residual add as their own kernels, as before they were fused; it also turns off the
+# rope + cache-write kernel of ``Attention.core`` (kernels/rope_cache.py).
 FUSED_DECODE = os.environ.get("SPECPILOT_FUSED_DECODE", "1") != "0"
 
 
 def _gemv_row(lin, x: torch.Tensor) -> bool:
-    # Whether lin(x) is a one-row decode GEMV that takes the fused prologue / epilogue (static shapes only:
+    # Whether lin(x) is a one-row decode GEMV that takes the fused prologue and epilogue (static shapes only:
     # fixed once traced or captured).
     return FUSED_DECODE and isinstance(lin, Linear) and lin.decode_gemv and x.numel() // x.shape[-1] == 1
 
 
-def normed_linear(lin: nn.Module, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``lin(norm(x))``; where ``lin`` takes the one-row GEMV, the RMSNorm runs in its prologue (one launch
-    instead of two). ``norm`` is an ``RMSNorm`` (``weight``, ``eps``)."""
-    if _gemv_row(lin, x) and norm.weight.dtype == x.dtype:
-        return gemv(x, lin.weight, lin.bias, norm=norm.weight, eps=norm.eps)
-    return lin(norm(x))
-
-
 def residual_linear(lin: nn.Module, x: torch.Tensor, residual: torch.Tensor, silu: bool = False) -> torch.Tensor:
     """``residual + lin(x)`` (with ``silu``: ``residual + lin(silu_mul(x))``); where ``lin`` takes the one-row
-    GEMV, the silu_mul runs in its prologue and the add in its epilogue."""
+    GEMV, the silu_mul runs in its prologue and the add in its epilogue (the MLP's down projection in one
+    launch instead of three)."""
     if _gemv_row(lin, x) and residual.dtype == x.dtype:
         return gemv(x, lin.weight, lin.bias, silu=silu, residual=residual)
     if silu:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .linear import Linear, normed_linear, residual_linear
+from .linear import Linear, residual_linear
 
 try:  # Triton is optional on CPU-only installs; the engine then keeps SDPA everywhere.
     from ..kernels.rope_cache import rope_cache_write
@@ -132,15 +132,12 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
-        # x + attn(attn_norm(x)), then h + mlp(mlp_norm(h)), written through the projections so that a one-row
-        # decode step runs each norm in the next GEMV's prologue, silu_mul in the down GEMV's, and both
-        # residual adds in the o and down GEMVs' epilogues (models/linear.py): 7 launches a layer fewer by 4.
-        # rounds_h200.json (1c734a8's profile, round_profile_h200.json): each of those small kernels took
-        # 1-3 us of the 8B's ~131 us a layer, and most of SmolLM2's launch-bound step.
-        a = self.attn
-        qkv = normed_linear(a.wqkv, self.attn_norm, x)
-        h = residual_linear(a.wo, a.core(qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc), x)
-        return residual_linear(self.mlp.w2, normed_linear(self.mlp.w13, self.mlp_norm, h), h, silu=True)
+        # The MLP written through its projections so that a one-row decode step runs silu_mul in the down
+        # GEMV's prologue and the residual add in its epilogue (models/linear.py): one launch for three.
+        # The add after the attention needs no such help: inductor already fuses it into mlp_norm's kernel.
+        # (An rms_norm prologue for qkv and gate_up measured slower than the norm kernels: kernels/gemv.py.)
+        h = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
+        return residual_linear(self.mlp.w2, self.mlp.w13(self.mlp_norm(h)), h, silu=True)
 
 
 def run_block(layer: Block, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
