@@ -46,8 +46,7 @@ class Linear(nn.Linear):
 
 # A benchmarking hook, for A/B runs of the fused prologue and epilogue in separate processes (the choice is
 # baked into compiled blocks and captured graphs): SPECPILOT_FUSED_DECODE=0 keeps the one-row GEMV but runs
-# silu_mul and the residual add as their own kernels, as before they were fused; it also turns off the
-# rope + cache-write kernel of ``Attention.core`` (kernels/rope_cache.py).
+# silu_mul and the residual add as their own kernels, as before they were fused.
 FUSED_DECODE = os.environ.get("SPECPILOT_FUSED_DECODE", "1") != "0"
 
 

@@ -16,11 +16,9 @@ from .config import ModelConfig
 from .linear import Linear, residual_linear
 
 try:  # Triton is optional on CPU-only installs; the engine then keeps SDPA everywhere.
-    from ..kernels.rope_cache import rope_cache_write
     from ..kernels.tree_attention import tree_attention
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    tree_attention = rope_cache_write = None
-from . import linear as _linear
+    tree_attention = None
 from .rope import apply_rope, rope_table
 
 FUSED_HEAD_DIMS = (32, 64, 128)  # head sizes the fused tree-attention kernel is built for
@@ -91,11 +89,6 @@ class Attention(nn.Module):
         # method of its own so colocate/ can run the projections as separate (groupable) operations.
         cfg = self.cfg
         B, N, _ = qkv.shape
-        if mask is None and qkv.is_cuda and not cfg.qk_norm and _linear.FUSED_DECODE:
-            # One launch for rope and both cache writes (kernels/rope_cache.py) where torch.compile made three;
-            # batch_idx is arange(B) for every caller, the kernel's row b.
-            q = rope_cache_write(qkv, cos, sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-            return tree_attention(q, k_cache, v_cache, seq_len, anc).reshape(B, N, cfg.q_size)
         q, k, v = self.split_heads(qkv, cos, sin)
         k_cache[batch_idx, slots] = k
         v_cache[batch_idx, slots] = v
