@@ -95,7 +95,7 @@ def test_kernel_gemv_fused_silu_and_residual_match_the_reference(N, K, bias):
 
 @kernel_case
 def test_kernel_down_projection_fuses_silu_and_residual_only_for_one_row():
-    from sglang_specpilot.models.linear import Linear, residual_linear
+    from sglang_specpilot.models.linear import Linear, fused_down_projection
     from sglang_specpilot.models.llama import silu_mul
 
     torch.manual_seed(1)
@@ -103,16 +103,16 @@ def test_kernel_down_projection_fuses_silu_and_residual_only_for_one_row():
     w2.decode_gemv = True
     gu2 = torch.randn(1, 2, 320, device=DEVICE, dtype=torch.bfloat16)
     h2 = torch.randn(1, 2, 96, device=DEVICE, dtype=torch.bfloat16)
-    # Two rows: the unfused ops, exactly.
-    assert torch.equal(residual_linear(w2, gu2, h2, silu=True), h2 + w2(silu_mul(gu2)))
-    assert torch.equal(residual_linear(w2, gu2[..., :160], h2), h2 + w2(gu2[..., :160]))
+    # Two rows: not fused (None), so the block runs the unfused ops.
+    assert fused_down_projection(w2, gu2, h2) is None
     # One row: the fused GEMV, within rounding of the unfused chain.
     gu, h = gu2[:, :1], h2[:, :1]
-    y = residual_linear(w2, gu, h, silu=True)
+    y = fused_down_projection(w2, gu, h)
     xs = silu_mul(gu)
     assert y.shape == h.shape and _close_dot(y, h + w2(xs), w2.weight, xs, 3)
-    w2.decode_gemv = False  # off: the unfused ops
-    assert torch.equal(residual_linear(w2, gu, h, silu=True), h + w2(xs))
+    assert not _close_dot(y, h + w2(gu[..., :160]), w2.weight, xs, 3)  # silu_mul did something
+    w2.decode_gemv = False  # off: not fused
+    assert fused_down_projection(w2, gu, h) is None
 
 
 def test_gemv_refuses_bad_shapes():
@@ -127,6 +127,8 @@ def test_gemv_refuses_bad_shapes():
         G.gemv(x[:2], w, residual=torch.zeros(2, 8, dtype=x.dtype))
     with pytest.raises(ValueError, match="residual"):
         G.gemv(x[:1], w, residual=torch.zeros(7, dtype=x.dtype))
+    with pytest.raises(ValueError, match="silu=True"):
+        G.gemv(torch.zeros(1, 129, dtype=x.dtype), w, silu=True)  # gate | up needs 2 x 64 features
 
 
 def test_pick_config_and_where_the_engine_uses_the_gemv():

@@ -70,10 +70,15 @@ def _row_load(x_ptr, row, stride_xm, k, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _row_store(y_ptr, row, stride_ym, n, n_ok, acc, b_ptr, HAS_BIAS: tl.constexpr):
+def _row_store(
+    y_ptr, row, stride_ym, n, n_ok, acc, b_ptr, HAS_BIAS: tl.constexpr, res_ptr=None, HAS_RES: tl.constexpr = False
+):
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        # Rounded, then the residual added and rounded again: the unfused ``residual + y``, bit for bit.
+        y = y.to(y_ptr.dtype.element_ty).to(tl.float32) + tl.load(res_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_ym + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
@@ -145,14 +150,7 @@ def _gemv_kernel(
             acc2 += w * _row_load(x_ptr, 2, stride_xm, k, k_ok, EVEN_K)[None, :]
         if ROWS > 3:
             acc3 += w * _row_load(x_ptr, 3, stride_xm, k, k_ok, EVEN_K)[None, :]
-    if HAS_RES:
-        y = tl.sum(acc0, axis=1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-        y = y.to(y_ptr.dtype.element_ty).to(tl.float32) + tl.load(res_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
-    else:
-        _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, HAS_BIAS)
+    _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, HAS_BIAS, res_ptr, HAS_RES)
     if ROWS > 1:
         _row_store(y_ptr, 1, stride_ym, n, n_ok, acc1, b_ptr, HAS_BIAS)
     if ROWS > 2:
@@ -187,8 +185,8 @@ def gemv(
     fused = silu or residual is not None
     K = x.shape[-1] // 2 if silu else x.shape[-1]
     N = weight.shape[0]
-    if weight.shape != (N, K):
-        raise ValueError(f"weight {tuple(weight.shape)} does not take x with {K} features")
+    if weight.shape != (N, K) or (silu and x.shape[-1] != 2 * K):
+        raise ValueError(f"weight {tuple(weight.shape)} does not take x with {x.shape[-1]} features (silu={silu})")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     M = x2.shape[0]

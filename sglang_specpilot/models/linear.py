@@ -50,22 +50,14 @@ class Linear(nn.Linear):
 FUSED_DECODE = os.environ.get("SPECPILOT_FUSED_DECODE", "1") != "0"
 
 
-def _gemv_row(lin, x: torch.Tensor) -> bool:
-    # Whether lin(x) is a one-row decode GEMV that takes the fused prologue and epilogue (static shapes only:
-    # fixed once traced or captured).
-    return FUSED_DECODE and isinstance(lin, Linear) and lin.decode_gemv and x.numel() // x.shape[-1] == 1
-
-
-def residual_linear(lin: nn.Module, x: torch.Tensor, residual: torch.Tensor, silu: bool = False) -> torch.Tensor:
-    """``residual + lin(x)`` (with ``silu``: ``residual + lin(silu_mul(x))``); where ``lin`` takes the one-row
-    GEMV, the silu_mul runs in its prologue and the add in its epilogue (the MLP's down projection in one
-    launch instead of three)."""
-    if _gemv_row(lin, x) and residual.dtype == x.dtype:
-        return gemv(x, lin.weight, lin.bias, silu=silu, residual=residual)
-    if silu:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
-    return residual + lin(x)
+def fused_down_projection(lin: nn.Module, gate_up: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
+    """``residual + lin(silu_mul(gate_up))`` in one launch where ``lin`` takes the one-row GEMV (silu_mul in
+    its prologue, the add in its epilogue); None elsewhere, where the caller runs the unfused ops. Static
+    shapes only, so the choice is fixed once a block is traced or a graph captured."""
+    rows = gate_up.numel() // gate_up.shape[-1]
+    if FUSED_DECODE and isinstance(lin, Linear) and lin.decode_gemv and rows == 1 and residual.dtype == gate_up.dtype:
+        return gemv(gate_up, lin.weight, lin.bias, silu=True, residual=residual)
+    return None
 
 
 def set_decode_gemv(model: nn.Module, on: bool, verify: bool = False) -> int:

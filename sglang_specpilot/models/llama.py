@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .linear import Linear, residual_linear
+from .linear import Linear, fused_down_projection
 
 try:  # Triton is optional on CPU-only installs; the engine then keeps SDPA everywhere.
     from ..kernels.tree_attention import tree_attention
@@ -130,7 +130,9 @@ class Block(nn.Module):
         # The add after the attention needs no such help: inductor already fuses it into mlp_norm's kernel.
         # (An rms_norm prologue for qkv and gate_up measured slower than the norm kernels: kernels/gemv.py.)
         h = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
-        return residual_linear(self.mlp.w2, self.mlp.w13(self.mlp_norm(h)), h, silu=True)
+        gate_up = self.mlp.w13(self.mlp_norm(h))
+        fused = fused_down_projection(self.mlp.w2, gate_up, h)
+        return fused if fused is not None else h + self.mlp.w2(silu_mul(gate_up))
 
 
 def run_block(layer: Block, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
