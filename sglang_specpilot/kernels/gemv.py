@@ -70,9 +70,7 @@ def _row_load(x_ptr, row, stride_xm, k, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _row_store(
-    y_ptr, row, stride_ym, n, n_ok, acc, b_ptr, HAS_BIAS: tl.constexpr, res_ptr=None, HAS_RES: tl.constexpr = False
-):
+def _row_store(y_ptr, row, stride_ym, n, n_ok, acc, b_ptr, res_ptr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
@@ -150,13 +148,13 @@ def _gemv_kernel(
             acc2 += w * _row_load(x_ptr, 2, stride_xm, k, k_ok, EVEN_K)[None, :]
         if ROWS > 3:
             acc3 += w * _row_load(x_ptr, 3, stride_xm, k, k_ok, EVEN_K)[None, :]
-    _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, HAS_BIAS, res_ptr, HAS_RES)
+    _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, res_ptr, HAS_BIAS, HAS_RES)
     if ROWS > 1:
-        _row_store(y_ptr, 1, stride_ym, n, n_ok, acc1, b_ptr, HAS_BIAS)
+        _row_store(y_ptr, 1, stride_ym, n, n_ok, acc1, b_ptr, res_ptr, HAS_BIAS, False)
     if ROWS > 2:
-        _row_store(y_ptr, 2, stride_ym, n, n_ok, acc2, b_ptr, HAS_BIAS)
+        _row_store(y_ptr, 2, stride_ym, n, n_ok, acc2, b_ptr, res_ptr, HAS_BIAS, False)
     if ROWS > 3:
-        _row_store(y_ptr, 3, stride_ym, n, n_ok, acc3, b_ptr, HAS_BIAS)
+        _row_store(y_ptr, 3, stride_ym, n, n_ok, acc3, b_ptr, res_ptr, HAS_BIAS, False)
 
 
 # TRITON_INTERPRET=1 counts only if it was set before triton was imported: ask the kernel.
