@@ -213,6 +213,13 @@ def _sweep_configs():
             rest = [first._replace(block_r=r, num_splits=n, num_warps=max(4, r // 16)) for r in tiles
                     for n in (1, 2, 4, 8, 16) if (r, n) != (first.block_r, first.num_splits)]  # fmt: skip
             rest += [c._replace(block_s=64) for c in rest[:4] if c.block_s != 64]
+            if regime == "decode":
+                # The fixed cost of a call (seq_len, K/V, partials, ticket, merge: dependent round trips) weighs
+                # more than the bytes at a small model's contexts, so also a grid that keeps one split (no
+                # merge) until a split would hold min_split_blocks blocks, and wider blocks or fewer warps for it.
+                rest = [first._replace(min_split_blocks=m) for m in (2, 4, 8)] + rest
+                rest += [first._replace(num_splits=1, block_s=256, num_warps=w) for w in (4, 8)]
+                rest += [first._replace(num_splits=1, num_warps=2), first._replace(num_splits=1, num_stages=3)]
             out[regime] = [first, first._replace(pdl=True), *rest]
         return out
 
@@ -228,6 +235,8 @@ def _sweep_configs():
         "decode": [
             C(16, 128, 32, 1, 4, 2),  # 247 regs, 72 KB: 2/SM
             C(16, 128, 32, 1, 4, 2, pdl=True),
+            C(16, 128, 32, 2, 4, 2),  # at least 2 / 4 blocks a split: fewer partials to merge at short contexts
+            C(16, 128, 32, 4, 4, 2),
             C(16, 128, 32, 1, 4, 2, one_loop=True),
             C(16, 128, 16, 1, 4, 2, balanced=True),  # 16 equal ranges a kv head: 128 programs at any context
             C(16, 64, 32, 1, 4, 3),  # 219 regs, 70 KB: 2/SM
