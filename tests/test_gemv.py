@@ -115,6 +115,54 @@ def test_kernel_down_projection_fuses_silu_and_residual_only_for_one_row():
     assert fused_down_projection(w2, gu, h) is None
 
 
+@kernel_case
+@pytest.mark.parametrize("N,K", [(37, 100), (96, 576), (5, 1024)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_gemv_norm_prologue_matches_the_reference(N, K, bias):
+    from sglang_specpilot.models.llama import rms_norm
+
+    x, w, b = _inputs(1, N, K, bias, seed=11)
+    x = x * 3  # a row whose rms is not 1, so a missing norm shows
+    nw = (1 + torch.randn(K, generator=torch.Generator().manual_seed(12)) / 4).to(x.dtype).to(DEVICE)
+    y = G.gemv(x, w, b, norm=nw, eps=1e-5)
+    xn = rms_norm(x, nw, 1e-5)
+    # Two roundings in the prologue (x * rstd, then the weight), as the unfused ops round, and rstd from an
+    # fp32 sum in another order: within the dot bound of the unfused chain and of the reference.
+    assert _close_dot(y, G.gemv_ref(x, w, b, norm=nw, eps=1e-5), w, xn, 3)
+    assert _close_dot(y, G.gemv(xn, w, b), w, xn, 3)
+    # Negative controls, against the fused result's own distance from the unfused chain (the dot bound is a
+    # worst case, too loose at K = 1024 to tell a missing weight): no norm, or the norm without its weight.
+    err = (y.float() - G.gemv(xn, w, b).float()).abs().max().clamp_min(1e-3)
+    for wrong in (G.gemv(x, w, b), G.gemv(rms_norm(x, torch.ones_like(nw), 1e-5), w, b)):
+        assert (y.float() - wrong.float()).abs().max() > 8 * err
+    assert torch.equal(G.gemv(x, w, b, norm=nw, eps=1e-5), y)  # deterministic
+
+
+@kernel_case
+def test_kernel_block_fuses_norms_and_the_o_residual_only_where_the_row_fits_one_tile(monkeypatch):
+    from sglang_specpilot.models import linear as L
+    from sglang_specpilot.models.llama import RMSNorm
+
+    torch.manual_seed(2)
+    lin = L.Linear(200, 48, bias=True).to(DEVICE, torch.bfloat16)
+    norm = RMSNorm(200, 1e-6).to(DEVICE, torch.bfloat16)
+    norm.weight.data = (1 + torch.randn(200) / 4).to(DEVICE, torch.bfloat16)
+    x = torch.randn(1, 1, 200, device=DEVICE, dtype=torch.bfloat16) * 2
+    assert not L.fuses_norm(lin, norm, x)  # decode_gemv off
+    lin.decode_gemv = True
+    assert L.fuses_norm(lin, norm, x) and not L.fuses_norm(lin, norm, x.expand(1, 2, 200))  # one row only
+    y = L.normed_linear(lin, norm, x)
+    assert y.shape == (1, 1, 48) and _close_dot(y, lin(norm(x)), lin.weight, norm(x), 3)
+    res = torch.randn(1, 1, 48, device=DEVICE, dtype=torch.bfloat16)
+    fused_add = L.residual_linear(lin, norm(x), res)
+    assert torch.equal(fused_add, res + lin(norm(x))) if not G.INTERPRETED else _close(fused_add, res + lin(norm(x)))
+    wide = L.Linear(1100, 48, bias=False).to(DEVICE, torch.bfloat16)
+    wide.decode_gemv = True
+    assert not L.fuses_norm(wide, RMSNorm(1100, 1e-6).to(DEVICE, torch.bfloat16), torch.zeros(1, 1100))
+    monkeypatch.setattr(L, "FUSED_NORM", False)  # the A/B hook: the two modules
+    assert not L.fuses_norm(lin, norm, x) and torch.equal(L.normed_linear(lin, norm, x), lin(norm(x)))
+
+
 def test_gemv_refuses_bad_shapes():
     x, w, _ = _inputs(5, 8, 64, False)
     with pytest.raises(ValueError, match="1 to 4 rows"):
@@ -129,6 +177,13 @@ def test_gemv_refuses_bad_shapes():
         G.gemv(x[:1], w, residual=torch.zeros(7, dtype=x.dtype))
     with pytest.raises(ValueError, match="silu=True"):
         G.gemv(torch.zeros(1, 129, dtype=x.dtype), w, silu=True)  # gate | up needs 2 x 64 features
+    with pytest.raises(ValueError, match="one prologue"):
+        G.gemv(torch.zeros(1, 128, dtype=x.dtype), w, silu=True, norm=torch.ones(64, dtype=x.dtype))
+    with pytest.raises(ValueError, match="norm weight"):
+        G.gemv(x[:1], w, norm=torch.ones(63, dtype=x.dtype))
+    wide = torch.zeros(8, 1100, dtype=x.dtype)
+    with pytest.raises(ValueError, match="one tile"):
+        G.gemv(torch.zeros(1, 1100, dtype=x.dtype), wide, norm=torch.ones(1100, dtype=x.dtype))
 
 
 def test_pick_config_and_where_the_engine_uses_the_gemv():

@@ -52,6 +52,11 @@ def pick_config(M: int) -> GemvConfig:
     return ONE_ROW if M == 1 else MORE_ROWS
 
 
+def norm_fits(K: int) -> bool:
+    """Whether a one-row ``gemv`` can run rms_norm in its prologue: the row is one tile of ``ONE_ROW``."""
+    return K <= ONE_ROW.block_k
+
+
 def gemv_wins(M: int, N: int, K: int) -> bool:
     """Whether ``gemv`` beats cuBLAS at this shape on the H200: at one row on every projection up to 32,768
     outputs, and on no vocabulary head. gemv_h200.json (57541d1, ``ONE_ROW``): qkv, o, gate_up and down of
@@ -96,11 +101,13 @@ def _gemv_kernel(
     b_ptr,
     y_ptr,
     res_ptr,
+    nw_ptr,
     N,
     K,
     stride_xm,
     stride_wn,
     stride_ym,
+    eps,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -109,6 +116,7 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr,
     SILU: tl.constexpr = False,
     HAS_RES: tl.constexpr = False,
+    NORM: tl.constexpr = False,
 ):
     # Each row of x keeps a [BLOCK_N, BLOCK_K] fp32 accumulator of elementwise products and is reduced over K
     # once, after the loop: the loop body is loads and FMAs only, so the next tile's loads issue while this
@@ -118,10 +126,12 @@ def _gemv_kernel(
     # One row only: SILU, the row is silu_mul(x) (the prologue of the down projection); HAS_RES, y = x @ W^T
     # rounded, plus res_ptr's row, rounded again (the residual add after it).
     #
-    # An rms_norm prologue was built and measured, and dropped: each program summed x^2 over all of K before
-    # its loop, and on the H200 (3ba6857, round_profile A/B against the norm kernel, the lifted 8B's AR
-    # round) qkv went 14.4 -> 18.2 us and gate_up 56.1 -> 61.8 us against 2.3 and 2.7 us for the two norm
-    # kernels it replaced.
+    # NORM (one row, K <= BLOCK_K): the row is rms_norm(x) with weight nw_ptr. The whole row is one tile, so
+    # the x the products need is the x the norm sums: one load, a reduction that overlaps the W tile's load,
+    # and no pass of its own. (A prologue that summed x^2 over all of K in a loop of its own before the main
+    # one was built and dropped: on the H200, 3ba6857, round_profile A/B on the lifted 8B's AR round, where
+    # K = 4096 takes four tiles, qkv went 14.4 -> 18.2 us and gate_up 56.1 -> 61.8 us against 2.3 and 2.7 us
+    # for the two norm kernels it replaced. SmolLM2's K = 576 is one tile.)
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -131,7 +141,19 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+    if NORM:
+        k = tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        # rms_norm (models/llama.py): x * rsqrt(mean(x^2) + eps) in fp32, rounded to x's dtype, then times the
+        # weight in that dtype, rounded again.
+        rstd = tl.math.rsqrt(tl.sum(xk * xk, 0) / K + eps)
+        xk = (xk * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+        xk = (xk * nw).to(x_ptr.dtype.element_ty).to(tl.float32)
+        acc0 += w * xk[None, :]
+    for k0 in tl.range(0, K if not NORM else 0, BLOCK_K, num_stages=NUM_STAGES):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         if EVEN_K:
@@ -173,14 +195,20 @@ def gemv(
     *,
     silu: bool = False,
     residual: torch.Tensor | None = None,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
 ):
     """``x [..., K]`` (at most MAX_ROWS rows in all) times ``weight [N, K]``^T (+ ``bias [N]``) -> ``[..., N]``
     in x's dtype. Runs on the GPU or in the Triton interpreter.
 
     A fused prologue and epilogue, for one row only (a decode step's down projection in one launch instead of
     three): ``silu``, x has 2K features and the row is ``silu_mul(x)``; ``residual`` ([..., N]), the result
-    is ``residual + y``. Each rounds where the unfused ops (``models/llama.py``, compiled) round."""
-    fused = silu or residual is not None
+    is ``residual + y``; ``norm`` (a [K] weight, with ``eps``), the row is ``rms_norm(x, norm, eps)``, where
+    K fits one tile of the config (``norm_fits``). Each rounds where the unfused ops (``models/llama.py``,
+    compiled) round."""
+    fused = silu or residual is not None or norm is not None
+    if norm is not None and silu:
+        raise ValueError("gemv takes one prologue: norm or silu, not both")
     K = x.shape[-1] // 2 if silu else x.shape[-1]
     N = weight.shape[0]
     if weight.shape != (N, K) or (silu and x.shape[-1] != 2 * K):
@@ -191,7 +219,7 @@ def gemv(
     if not 1 <= M <= MAX_ROWS:
         raise ValueError(f"gemv takes 1 to {MAX_ROWS} rows, got {M} (use F.linear)")
     if fused and M != 1:
-        raise ValueError(f"gemv's fused silu / residual take one row, got {M}")
+        raise ValueError(f"gemv's fused norm / silu / residual take one row, got {M}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
@@ -203,6 +231,11 @@ def gemv(
             raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype}, expected {N} values of {x.dtype}")
         residual = residual.reshape(N).contiguous()
     cfg = config or pick_config(M)
+    if norm is not None:
+        if norm.shape != (K,) or norm.dtype != x.dtype:
+            raise ValueError(f"norm weight {tuple(norm.shape)} {norm.dtype}, expected ({K},) {x.dtype}")
+        if K > cfg.block_k:
+            raise ValueError(f"gemv's norm prologue takes K <= {cfg.block_k} (one tile), got {K}")
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(N, cfg.block_n),)
     _launchable(_gemv_kernel)[grid](
@@ -211,11 +244,13 @@ def gemv(
         bias if bias is not None else weight,  # unused without HAS_BIAS
         y,
         residual if residual is not None else weight,  # unused without HAS_RES
+        norm if norm is not None else weight,  # unused without NORM
         N,
         K,
         x2.stride(0),
         weight.stride(0),
         y.stride(0),
+        float(eps),
         ROWS=M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -224,6 +259,7 @@ def gemv(
         NUM_STAGES=cfg.num_stages,
         SILU=silu,
         HAS_RES=residual is not None,
+        NORM=norm is not None,
         num_warps=cfg.num_warps,
     )
     return y.reshape(*lead, N)
@@ -236,9 +272,14 @@ def gemv_ref(
     *,
     silu: bool = False,
     residual: torch.Tensor | None = None,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> torch.Tensor:
     """The reference: the prologue as the unfused ops compute it, then fp32 products and sums, one rounding to
     x's dtype, then the residual add."""
+    if norm is not None:
+        xf = x.float()
+        x = norm * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     if silu:
         g, u = x.float().chunk(2, dim=-1)
         x = (g * torch.sigmoid(g) * u).to(x.dtype)

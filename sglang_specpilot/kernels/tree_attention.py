@@ -663,6 +663,12 @@ def _tree_attention_op(
     return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, cfg)
 
 
+def num_tickets(batch: int, num_q: int, num_heads: int, num_kv_heads: int) -> int:
+    """Ticket counters a call needs: one per (request, kv head, row tile) of the smallest row tile (16 rows),
+    whatever tile the config picks."""
+    return batch * num_kv_heads * triton.cdiv(num_q * (num_heads // num_kv_heads), 16)
+
+
 def tree_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -671,6 +677,7 @@ def tree_attention(
     anc: torch.Tensor,
     scale: float | None = None,
     num_splits: int | None = None,
+    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of Nq query tokens per request over a static KV cache and a window of W new slots.
 
@@ -690,6 +697,9 @@ def tree_attention(
         ancestor-or-self matrix.
     scale : softmax scale, default ``1 / sqrt(D)``
     num_splits : KV splits per (request, kv head); None picks one from the static shapes
+    tickets : optional zeroed int32 counters for the in-kernel merge, at least ``num_tickets(...)`` of them
+        (``kernels/rope_cache`` zeroes them in its launch); None takes the per-device buffer (a fresh zeroed
+        one under torch.compile)
 
     Returns
     -------
@@ -713,8 +723,11 @@ def tree_attention(
         scale = D**-0.5
     if q.device.type == "cpu" and not INTERPRETED:
         return tree_attention_ref(q, k_cache, v_cache, seq_len, anc, scale)
-    # Enough tickets for the smallest row tile (16 rows), whatever tile the config picks.
-    tickets = _tickets(q.device, B * k_cache.shape[2] * triton.cdiv(Nq * (Hq // k_cache.shape[2]), 16))
+    n = num_tickets(B, Nq, Hq, k_cache.shape[2])
+    if tickets is None:
+        tickets = _tickets(q.device, n)
+    elif tickets.dtype != torch.int32 or tickets.numel() < n:
+        raise ValueError(f"tickets: {n} int32 counters needed, got {tickets.numel()} {tickets.dtype}")
     return _tree_attention_op(q, k_cache, v_cache, seq_len, anc, tickets, float(scale), num_splits or 0)
 
 

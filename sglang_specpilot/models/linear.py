@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 try:  # Triton is optional on CPU-only installs: then no Linear takes the GEMV path.
-    from ..kernels.gemv import gemv, gemv_wins
+    from ..kernels.gemv import gemv, gemv_wins, norm_fits
     from ..kernels.skinny_gemm import MAX_ROWS, MIN_ROWS, new_counters, skinny_linear, skinny_wins
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    gemv = gemv_wins = skinny_linear = skinny_wins = new_counters = None
+    gemv = gemv_wins = norm_fits = skinny_linear = skinny_wins = new_counters = None
     MIN_ROWS = MAX_ROWS = 0
 
 
@@ -48,14 +48,47 @@ class Linear(nn.Linear):
 # baked into compiled blocks and captured graphs): SPECPILOT_FUSED_DECODE=0 keeps the one-row GEMV but runs
 # silu_mul and the residual add as their own kernels, as before they were fused.
 FUSED_DECODE = os.environ.get("SPECPILOT_FUSED_DECODE", "1") != "0"
+# The same for the rms_norm prologues of qkv and gate_up and the o projection's residual epilogue
+# (``Block.forward``): SPECPILOT_FUSED_NORM=0 runs the norms (and the add before mlp_norm) as their own kernels.
+FUSED_NORM = FUSED_DECODE and os.environ.get("SPECPILOT_FUSED_NORM", "1") != "0"
+
+
+def _one_row_gemv(lin: nn.Module, x: torch.Tensor) -> bool:
+    # Static shapes only: fixed once a block is traced or a graph captured.
+    return isinstance(lin, Linear) and lin.decode_gemv and x.numel() // x.shape[-1] == 1
+
+
+def fuses_norm(lin: nn.Module, norm: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``lin(norm(x))`` runs as one launch (``normed_linear``): a one-row GEMV whose row fits one tile
+    (``gemv.norm_fits``: SmolLM2's 576 features do, the 8B's 4096 do not), ``norm`` an RMSNorm in x's dtype."""
+    return (
+        FUSED_NORM
+        and _one_row_gemv(lin, x)
+        and norm_fits(x.shape[-1])
+        and getattr(norm, "weight", None) is not None
+        and norm.weight.dtype == x.dtype
+    )
+
+
+def normed_linear(lin: nn.Module, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``lin(norm(x))``: rms_norm in the GEMV's prologue where ``fuses_norm``, else the two modules."""
+    if fuses_norm(lin, norm, x):
+        return gemv(x, lin.weight, lin.bias, norm=norm.weight, eps=norm.eps)
+    return lin(norm(x))
+
+
+def residual_linear(lin: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + lin(x)``: the add in the GEMV's epilogue for a one-row GEMV, else the module and an add."""
+    if FUSED_NORM and _one_row_gemv(lin, x) and residual.dtype == x.dtype:
+        return gemv(x, lin.weight, lin.bias, residual=residual)
+    return residual + lin(x)
 
 
 def fused_down_projection(lin: nn.Module, gate_up: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
     """``residual + lin(silu_mul(gate_up))`` in one launch where ``lin`` takes the one-row GEMV (silu_mul in
     its prologue, the add in its epilogue); None elsewhere, where the caller runs the unfused ops. Static
     shapes only, so the choice is fixed once a block is traced or a graph captured."""
-    rows = gate_up.numel() // gate_up.shape[-1]
-    if FUSED_DECODE and isinstance(lin, Linear) and lin.decode_gemv and rows == 1 and residual.dtype == gate_up.dtype:
+    if FUSED_DECODE and _one_row_gemv(lin, gate_up) and residual.dtype == gate_up.dtype:
         return gemv(gate_up, lin.weight, lin.bias, silu=True, residual=residual)
     return None
 

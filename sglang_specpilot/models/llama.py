@@ -8,20 +8,28 @@ can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import linear as _linear
 from .config import ModelConfig
-from .linear import Linear, fused_down_projection
+from .linear import Linear, fused_down_projection, fuses_norm, normed_linear, residual_linear
 
 try:  # Triton is optional on CPU-only installs; the engine then keeps SDPA everywhere.
-    from ..kernels.tree_attention import tree_attention
+    from ..kernels.rope_cache import rope_cache_write
+    from ..kernels.tree_attention import num_tickets, tree_attention
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     tree_attention = None
 from .rope import apply_rope, rope_table
 
 FUSED_HEAD_DIMS = (32, 64, 128)  # head sizes the fused tree-attention kernel is built for
+# A benchmarking hook, for A/B runs in separate processes (the choice is baked into compiled blocks and
+# captured graphs): SPECPILOT_FUSED_ROPE=0 runs rope and the cache writes as torch ops (three kernels under
+# torch.compile) instead of kernels/rope_cache.py; SPECPILOT_FUSED_DECODE=0 turns it off too.
+FUSED_ROPE = os.environ.get("SPECPILOT_FUSED_ROPE", "1") != "0"
 
 
 def fused_attention_supported(cfg: ModelConfig) -> bool:
@@ -89,6 +97,14 @@ class Attention(nn.Module):
         # method of its own so colocate/ can run the projections as separate (groupable) operations.
         cfg = self.cfg
         B, N, _ = qkv.shape
+        if mask is None and qkv.is_cuda and not cfg.qk_norm and FUSED_ROPE and _linear.FUSED_DECODE:
+            # One launch for rope, both cache writes and the attention's zeroed tickets (kernels/rope_cache.py)
+            # where torch.compile made three; batch_idx is arange(B) for every caller, the kernel's row b.
+            n = num_tickets(B, N, cfg.num_heads, cfg.num_kv_heads)
+            q, tickets = rope_cache_write(
+                qkv, cos, sin, k_cache, v_cache, slots, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, n
+            )
+            return tree_attention(q, k_cache, v_cache, seq_len, anc, tickets=tickets).reshape(B, N, cfg.q_size)
         q, k, v = self.split_heads(qkv, cos, sin)
         k_cache[batch_idx, slots] = k
         v_cache[batch_idx, slots] = v
@@ -127,10 +143,21 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc) -> torch.Tensor:
         # The MLP written through its projections so that a one-row decode step runs silu_mul in the down
         # GEMV's prologue and the residual add in its epilogue (models/linear.py): one launch for three.
-        # The add after the attention needs no such help: inductor already fuses it into mlp_norm's kernel.
-        # (An rms_norm prologue for qkv and gate_up measured slower than the norm kernels: kernels/gemv.py.)
-        h = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
-        gate_up = self.mlp.w13(self.mlp_norm(h))
+        # Where the norms stay kernels of their own (the 8B's 4096 features take four GEMV tiles, where a
+        # norm prologue measured slower: kernels/gemv.py), inductor fuses the add after the attention into
+        # mlp_norm's kernel.
+        a = self.attn
+        if fuses_norm(a.wqkv, self.attn_norm, x) and fuses_norm(self.mlp.w13, self.mlp_norm, x):
+            # A small model's one-row step (its hidden size fits one GEMV tile): both norms in the GEMVs'
+            # prologues and the add after the attention in the o projection's epilogue, so a layer is six
+            # launches (qkv, rope + cache, attention, o, gate_up, down) instead of ten.
+            qkv = normed_linear(a.wqkv, self.attn_norm, x)
+            o = a.core(qkv, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
+            h = residual_linear(a.wo, o, x)
+            gate_up = normed_linear(self.mlp.w13, self.mlp_norm, h)
+        else:
+            h = x + a(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
+            gate_up = self.mlp.w13(self.mlp_norm(h))
         fused = fused_down_projection(self.mlp.w2, gate_up, h)
         return fused if fused is not None else h + self.mlp.w2(silu_mul(gate_up))
 
