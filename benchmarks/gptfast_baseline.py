@@ -7,8 +7,11 @@ with random bf16 weights, fills its KV cache to the same length as our run, and 
 the way its ``generate.py`` runs it: ``torch.compile(mode="reduce-overhead", fullgraph=True)`` of one
 forward at ``input_pos`` plus the argmax, CUDA events over repeats, after warm-up.
 
-``measure_gptfast(dir, context)`` returns per-step milliseconds; the rounds suite calls it in the same
-process as its own AR timing.
+``measure_gptfast(dir, context)`` returns per-step milliseconds. The rounds suite runs this script as a
+subprocess between two timings of its own AR round, back to back in one call: in its own process at
+6e058fb, gpt-fast's reduce-overhead step was followed twice by "CUDA error: unspecified launch failure"
+when our captured round was timed again (benchmarks/device/README.md), and a process of its own keeps the
+two CUDA-graph pools and compile caches apart.
 """
 
 from __future__ import annotations
@@ -73,5 +76,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gptfast-dir", required=True)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json-out", default=None, help="write every step time here (the rounds suite reads it)")
     args = ap.parse_args()
-    print(json.dumps({k: v for k, v in measure_gptfast(args.gptfast_dir, args.context).items() if k != "step_ms"}))
+    res = measure_gptfast(args.gptfast_dir, args.context, args.iters)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res))
+    print(json.dumps({k: v for k, v in res.items() if k != "step_ms"}))
