@@ -27,10 +27,36 @@ from tree_verify import Lattice
 from .attn_meta import causal_tree
 from .runner import ModelRunner
 
+try:  # Triton is optional on CPU-only installs: then the draft picks stay torch ops.
+    from ..kernels.greedy import greedy_pick
+    from ..kernels.topk_logprobs import topk_logprobs
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    greedy_pick = topk_logprobs = None
+
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
     # At least float32 (bf16 log-probs would tie too often); float64 models keep float64.
     return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+
+
+def _top_children(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, tokens) of each row's k best children. On CUDA one two-launch kernel
+    (kernels/topk_logprobs.py) where PyTorch ran a cast, a softmax and a four-pass radix top-k: ~35 us a
+    depth of SmolLM2's tree round on the H200. Ties go to the smaller token id there; torch.topk leaves them
+    unspecified (the tree may differ at a tie, the verified output does not)."""
+    if topk_logprobs is not None and logits.is_cuda and logits.dtype != torch.float64 and k <= 64:
+        return topk_logprobs(logits, k)
+    return _logprobs(logits).topk(k, dim=-1)
+
+
+def _argmax(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """``logits.argmax(-1)``; on CUDA the chunked greedy pick (kernels/greedy.py), since PyTorch's argmax of one
+    row leaves most of the GPU idle (10 us a depth over SmolLM2's 49,152 logits in the chain round on the
+    H200). Ties go to the smaller index either way."""
+    if greedy_pick is not None and logits.is_cuda:
+        tok = greedy_pick(logits)[0]
+        return tok.unsqueeze(-1) if keepdim else tok
+    return logits.argmax(-1, keepdim=keepdim)
 
 
 def expand_lattice(
@@ -70,10 +96,10 @@ def expand_lattice(
         if sample is None and k == 1:
             # A chain needs no scores (nothing is selected among candidates): the argmax alone spares a
             # log-softmax over the vocabulary and a radix top-k (about 5 kernels a depth).
-            tok = logits.argmax(-1, keepdim=True)
+            tok = _argmax(logits, keepdim=True)
             return torch.zeros(tok.shape, device=dev), tok
         if sample is None:
-            return _logprobs(logits).topk(k, dim=-1)
+            return _top_children(logits, k)
         q, tok = sample(logits.reshape(B, -1))  # top_k 1: one distribution per row
         qs.append(q)
         shape = logits.shape[:-1] + (1,)
@@ -160,7 +186,7 @@ def draft_chain(
     """
     logits, h, head, d2t = _draft_root(runner, history, seq_len, next_tok, kv_len, features, False)
     h = None if h is None else h[:, None]  # [B, 1, H]
-    tok = logits.argmax(-1, keepdim=True)  # [B, 1]
+    tok = _argmax(logits, keepdim=True)  # [B, 1]
     if d2t is not None:
         tok = d2t[tok]
     tokens = [tok]
@@ -172,7 +198,7 @@ def draft_chain(
         else:
             h = runner.forward(tok, pos, pos, seq_len, vis[d : d + 1], kv_len, g=h)
             logits = head(h)
-        tok = logits.argmax(-1)  # [B, 1]
+        tok = _argmax(logits)  # [B, 1]
         if d2t is not None:
             tok = d2t[tok]
         tokens.append(tok)
