@@ -163,6 +163,36 @@ def test_kernel_block_fuses_norms_and_the_o_residual_only_where_the_row_fits_one
     assert not L.fuses_norm(lin, norm, x) and torch.equal(L.normed_linear(lin, norm, x), lin(norm(x)))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL launches on an sm_90+ GPU only")
+def test_pdl_launch_equals_the_plain_launch(monkeypatch):
+    # The PDL launch (kernels/pdl.py) runs the same kernel with its first W tile loaded before the wait:
+    # bit for bit the plain launch, with every prologue and epilogue, and in a CUDA graph.
+    from sglang_specpilot.kernels import pdl
+
+    if not pdl.uses_pdl(torch.zeros(1, device="cuda")):
+        pytest.skip("this GPU has no PDL (sm_90+)")
+    x, w, b = _inputs(1, 300, 1030, True, seed=4)
+    gu = torch.randn(1, 2 * 1030, device=DEVICE).to(x.dtype)
+    res = torch.randn(1, 300, device=DEVICE).to(x.dtype)
+    nw = torch.rand(576, device=DEVICE).to(x.dtype) + 0.5
+    cases = [
+        lambda: G.gemv(x, w, b),
+        lambda: G.gemv(gu, w, b, silu=True, residual=res),
+        lambda: G.gemv(x[:, :576], w[:, :576].contiguous(), norm=nw, eps=1e-5),
+        lambda: G.gemv(torch.cat([x, x * 2, x * 3]), w, b),
+    ]
+    with_pdl = [f() for f in cases]
+    monkeypatch.setattr(pdl, "PDL", False)
+    assert all(torch.equal(a, f()) for a, f in zip(with_pdl, cases, strict=True))
+    monkeypatch.setattr(pdl, "PDL", True)
+    graph, out = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        out = [f() for f in cases]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, o) for a, o in zip(with_pdl, out, strict=True))
+
+
 def test_gemv_refuses_bad_shapes():
     x, w, _ = _inputs(5, 8, 64, False)
     with pytest.raises(ValueError, match="1 to 4 rows"):

@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from .pdl import uses_pdl
+
 MAX_ROWS = 4  # decode rows a launch takes (batch-1 decode is 1; a few rows of a small batch)
 # Widest projection the engine gives the GEMV (``gemv_wins``): the largest non-head one measured is 28,672.
 MAX_GEMV_N = 32768
@@ -95,6 +97,23 @@ def _silu_row_load(x_ptr, k, k_ok, K):
 
 
 @triton.jit
+def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, ROWS: tl.constexpr, EVEN_K: tl.constexpr,
+                SILU: tl.constexpr):  # fmt: skip
+    # One W tile times each row's x tile, into the rows' elementwise accumulators.
+    if SILU:
+        acc0 += w * _silu_row_load(x_ptr, k, k_ok, K)[None, :]
+    else:
+        acc0 += w * _row_load(x_ptr, 0, stride_xm, k, k_ok, EVEN_K)[None, :]
+    if ROWS > 1:
+        acc1 += w * _row_load(x_ptr, 1, stride_xm, k, k_ok, EVEN_K)[None, :]
+    if ROWS > 2:
+        acc2 += w * _row_load(x_ptr, 2, stride_xm, k, k_ok, EVEN_K)[None, :]
+    if ROWS > 3:
+        acc3 += w * _row_load(x_ptr, 3, stride_xm, k, k_ok, EVEN_K)[None, :]
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -117,6 +136,7 @@ def _gemv_kernel(
     SILU: tl.constexpr = False,
     HAS_RES: tl.constexpr = False,
     NORM: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     # Each row of x keeps a [BLOCK_N, BLOCK_K] fp32 accumulator of elementwise products and is reduced over K
     # once, after the loop: the loop body is loads and FMAs only, so the next tile's loads issue while this
@@ -132,6 +152,12 @@ def _gemv_kernel(
     # one was built and dropped: on the H200, 3ba6857, round_profile A/B on the lifted 8B's AR round, where
     # K = 4096 takes four tiles, qkv went 14.4 -> 18.2 us and gate_up 56.1 -> 61.8 us against 2.3 and 2.7 us
     # for the two norm kernels it replaced. SmolLM2's K = 576 is one tile.)
+    #
+    # USE_PDL (programmatic dependent launch, sm_90+): the kernel lets the next one launch at once, loads its
+    # first W tile (weights, which no kernel of the step writes) and only then waits for the kernel before
+    # it, which wrote x; every other load and every store comes after that wait. A launch-bound step (the
+    # real SmolLM2: ~2.5 us a GEMV, most of it the W load's latency) so overlaps each GEMV's weight fetch
+    # with the kernel before it.
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -141,35 +167,42 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if NORM:
-        k = tl.arange(0, BLOCK_K)
-        k_ok = k < K
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    # The first tile is peeled off the loop so that its W load can precede the wait (the same products and
+    # sums in the same order as a loop from 0).
+    k = tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    if EVEN_K:
+        w = tl.load(w_rows + k[None, :]).to(tl.float32)
+    else:
         w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+    if NORM:
         nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    if NORM:
+        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
         # rms_norm (models/llama.py): x * rsqrt(mean(x^2) + eps) in fp32, rounded to x's dtype, then times the
         # weight in that dtype, rounded again.
         rstd = tl.math.rsqrt(tl.sum(xk * xk, 0) / K + eps)
         xk = (xk * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
         xk = (xk * nw).to(x_ptr.dtype.element_ty).to(tl.float32)
         acc0 += w * xk[None, :]
-    for k0 in tl.range(0, K if not NORM else 0, BLOCK_K, num_stages=NUM_STAGES):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        if EVEN_K:
-            w = tl.load(w_rows + k[None, :]).to(tl.float32)
-        else:
-            w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        if SILU:
-            acc0 += w * _silu_row_load(x_ptr, k, k_ok, K)[None, :]
-        else:
-            acc0 += w * _row_load(x_ptr, 0, stride_xm, k, k_ok, EVEN_K)[None, :]
-        if ROWS > 1:
-            acc1 += w * _row_load(x_ptr, 1, stride_xm, k, k_ok, EVEN_K)[None, :]
-        if ROWS > 2:
-            acc2 += w * _row_load(x_ptr, 2, stride_xm, k, k_ok, EVEN_K)[None, :]
-        if ROWS > 3:
-            acc3 += w * _row_load(x_ptr, 3, stride_xm, k, k_ok, EVEN_K)[None, :]
+    else:
+        acc0, acc1, acc2, acc3 = _accumulate(
+            acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, ROWS, EVEN_K, SILU
+        )
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=NUM_STAGES):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            if EVEN_K:
+                w = tl.load(w_rows + k[None, :]).to(tl.float32)
+            else:
+                w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+            acc0, acc1, acc2, acc3 = _accumulate(
+                acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, ROWS, EVEN_K, SILU
+            )
     _row_store(y_ptr, 0, stride_ym, n, n_ok, acc0, b_ptr, res_ptr, HAS_BIAS, HAS_RES)
     if ROWS > 1:
         _row_store(y_ptr, 1, stride_ym, n, n_ok, acc1, b_ptr, res_ptr, HAS_BIAS, False)
@@ -185,6 +218,65 @@ INTERPRETED = isinstance(_gemv_kernel, InterpretedFunction)
 
 def _launchable(kernel):
     return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
+
+
+# The GEMV's PDL launch (kernels/pdl.py) goes through an opaque op, since inductor launches wrap_triton
+# kernels without the launch attribute; no fusion is lost, inductor never fused into the GEMV.
+
+
+def _launch(x2, weight, bias, y, residual, norm, eps, silu, cfg: GemvConfig, pdl: bool) -> None:
+    M, N, K = x2.shape[0], weight.shape[0], weight.shape[1]
+    kernel = _gemv_kernel if pdl else _launchable(_gemv_kernel)
+    kernel[(triton.cdiv(N, cfg.block_n),)](
+        x2,
+        weight,
+        bias if bias is not None else weight,  # unused without HAS_BIAS
+        y,
+        residual if residual is not None else weight,  # unused without HAS_RES
+        norm if norm is not None else weight,  # unused without NORM
+        N,
+        K,
+        x2.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        float(eps),
+        ROWS=M,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        HAS_BIAS=bias is not None,
+        EVEN_K=K % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages,
+        SILU=silu,
+        HAS_RES=residual is not None,
+        NORM=norm is not None,
+        USE_PDL=pdl,
+        num_warps=cfg.num_warps,
+        **({"launch_pdl": True} if pdl else {}),
+    )
+
+
+@torch.library.custom_op("specpilot::gemv_pdl", mutates_args=())
+def _gemv_pdl_op(
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    norm: torch.Tensor | None,
+    eps: float,
+    silu: bool,
+    block_n: int,
+    block_k: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    y = torch.empty((x2.shape[0], weight.shape[0]), device=x2.device, dtype=x2.dtype)
+    _launch(x2, weight, bias, y, residual, norm, eps, silu, GemvConfig(block_n, block_k, num_warps, num_stages), True)
+    return y
+
+
+@_gemv_pdl_op.register_fake
+def _(x2, weight, bias, residual, norm, eps, silu, block_n, block_k, num_warps, num_stages):
+    return x2.new_empty((x2.shape[0], weight.shape[0]))
 
 
 def gemv(
@@ -236,32 +328,11 @@ def gemv(
             raise ValueError(f"norm weight {tuple(norm.shape)} {norm.dtype}, expected ({K},) {x.dtype}")
         if K > cfg.block_k:
             raise ValueError(f"gemv's norm prologue takes K <= {cfg.block_k} (one tile), got {K}")
-    y = torch.empty((M, N), device=x.device, dtype=x.dtype)
-    grid = (triton.cdiv(N, cfg.block_n),)
-    _launchable(_gemv_kernel)[grid](
-        x2,
-        weight,
-        bias if bias is not None else weight,  # unused without HAS_BIAS
-        y,
-        residual if residual is not None else weight,  # unused without HAS_RES
-        norm if norm is not None else weight,  # unused without NORM
-        N,
-        K,
-        x2.stride(0),
-        weight.stride(0),
-        y.stride(0),
-        float(eps),
-        ROWS=M,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        HAS_BIAS=bias is not None,
-        EVEN_K=K % cfg.block_k == 0,
-        NUM_STAGES=cfg.num_stages,
-        SILU=silu,
-        HAS_RES=residual is not None,
-        NORM=norm is not None,
-        num_warps=cfg.num_warps,
-    )
+    if uses_pdl(x2, INTERPRETED):
+        y = _gemv_pdl_op(x2, weight, bias, residual, norm, float(eps), silu, *cfg)
+    else:
+        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        _launch(x2, weight, bias, y, residual, norm, eps, silu, cfg, False)
     return y.reshape(*lead, N)
 
 

@@ -31,6 +31,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from .pdl import uses_pdl
+
 
 @triton.jit
 def _rope_cache_kernel(
@@ -60,7 +62,13 @@ def _rope_cache_kernel(
     NUM_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     TICKET_BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    # USE_PDL (kernels/pdl.py): everything this kernel reads was written by the step's earlier kernels, so
+    # it waits first; it lets the next kernel (the attention) launch at once.
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     tok = tl.program_id(0)  # b * N + n
     head = tl.program_id(1)  # q heads, then k heads, then v heads
     b = (tok // N).to(tl.int64)
@@ -118,6 +126,7 @@ def _rope_cache_op(
         tickets.zero_()
         q.copy_(rope_cache_write_ref(qkv, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads, head_dim))
         return q, tickets
+    pdl = uses_pdl(qkv, INTERPRETED)
     _rope_cache_kernel[(B * N, num_heads + 2 * num_kv_heads)](
         qkv,
         cos,
@@ -145,7 +154,9 @@ def _rope_cache_op(
         NUM_KV=num_kv_heads,
         HEAD_DIM=head_dim,
         TICKET_BLOCK=1024,
+        USE_PDL=pdl,
         num_warps=1,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return q, tickets
 

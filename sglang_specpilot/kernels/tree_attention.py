@@ -46,6 +46,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from .pdl import uses_pdl
+
 # Measurements behind the constants below: the H200, Llama-3.1-8B attention (8 kv heads, G = 4, D = 128,
 # bf16), batch 1, a 4224-slot cache; us per step of 32 calls over 32 layer caches in one CUDA graph, median
 # of 30 replays, one run each (benchmarks/attention_bench.py). "4k / 1k" = 4096 / 1024 cached tokens.
@@ -379,8 +381,9 @@ def _tree_attention_kernel(
     qk_scale = tl.full([], qk_scale, tl.float32)
     if USE_PDL:
         # Launched while the previous kernel finishes: wait for it (it may have written q, the window's K/V,
-        # seq_len, or read what this kernel writes) before the first load or store. No early trigger of the
-        # next kernel: it launches as these programs exit, as without PDL.
+        # seq_len, or read what this kernel writes) before the first load or store. The next kernel may
+        # launch at once (a PDL GEMV then fetches its weights during this one; kernels/pdl.py).
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
 
     # -- this split's slot range, from seq_len on the device: at least min_split_blocks blocks a split, and
@@ -663,6 +666,30 @@ def _tree_attention_op(
     return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, cfg)
 
 
+# The PDL launch (kernels/pdl.py) as an opaque op: under torch.compile the triton_op above is traced into
+# inductor's own launch, which drops the launch attribute. Same arguments, same kernel, same result.
+@torch.library.custom_op("specpilot::tree_attention_pdl", mutates_args=())
+def _tree_attention_pdl_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_len: torch.Tensor,
+    anc: torch.Tensor,
+    tickets: torch.Tensor,
+    scale: float,
+    num_splits: int,
+) -> torch.Tensor:
+    B, Nq, Hq, _ = q.shape
+    Hkv = k_cache.shape[2]
+    cfg = pick_config(B, Nq * (Hq // Hkv), Hkv, k_cache.shape[1], q.element_size(), _num_sms(q.device), num_splits)
+    return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, cfg._replace(pdl=True))
+
+
+@_tree_attention_pdl_op.register_fake
+def _(q, k_cache, v_cache, seq_len, anc, tickets, scale, num_splits):
+    return torch.empty_like(q)
+
+
 def num_tickets(batch: int, num_q: int, num_heads: int, num_kv_heads: int) -> int:
     """Ticket counters a call needs: one per (request, kv head, row tile) of the smallest row tile (16 rows),
     whatever tile the config picks."""
@@ -728,7 +755,8 @@ def tree_attention(
         tickets = _tickets(q.device, n)
     elif tickets.dtype != torch.int32 or tickets.numel() < n:
         raise ValueError(f"tickets: {n} int32 counters needed, got {tickets.numel()} {tickets.dtype}")
-    return _tree_attention_op(q, k_cache, v_cache, seq_len, anc, tickets, float(scale), num_splits or 0)
+    op = _tree_attention_pdl_op if uses_pdl(q, INTERPRETED) else _tree_attention_op
+    return op(q, k_cache, v_cache, seq_len, anc, tickets, float(scale), num_splits or 0)
 
 
 # ---------------------------------------------------------------------------------------------------------
