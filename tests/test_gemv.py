@@ -5,12 +5,10 @@ with and without bias, strided x; deterministic; bad shapes refused in one line.
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import run_kernel_cases_in_interpreter
 
 G = importlib.import_module("sglang_specpilot.kernels.gemv")  # the module (the package exports the function)
 
@@ -260,7 +258,4 @@ def test_set_decode_gemv_marks_only_cuda_bf16_layers_where_the_gemv_wins():
 def test_kernel_cases_in_interpreter():
     if HERE:
         pytest.skip("the kernel cases ran in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", __file__, "-k", "kernel_ and not interpreter"],
-                       env=env, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

@@ -5,12 +5,10 @@ view), in the Triton interpreter on the CPU (natively on the GPU); bad shapes re
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import run_kernel_cases_in_interpreter
 
 R = importlib.import_module("sglang_specpilot.kernels.rope_cache")
 
@@ -115,7 +113,4 @@ def test_rope_cache_write_refuses_bad_shapes():
 def test_kernel_cases_in_interpreter():
     if HERE:
         pytest.skip("the kernel cases ran in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", __file__, "-k", "kernel_ and not interpreter"],
-                       env=env, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

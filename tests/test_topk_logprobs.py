@@ -5,12 +5,10 @@ ties (bf16 logits repeat values), -inf entries, one and several rows; bad argume
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import run_kernel_cases_in_interpreter
 
 T = importlib.import_module("sglang_specpilot.kernels.topk_logprobs")
 
@@ -64,7 +62,4 @@ def test_topk_logprobs_refuses_bad_arguments():
 def test_kernel_cases_in_interpreter():
     if HERE:
         pytest.skip("the kernel cases ran in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", __file__, "-k", "kernel_ and not interpreter"],
-                       env=env, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

@@ -660,10 +660,13 @@ def _tree_attention_op(
 ) -> torch.Tensor:
     # tickets is written but left as it came (all zero): no mutation to declare. Under torch.compile the
     # kernel's writes are found anyway (wrap_triton's analysis) and the buffer is a fresh one (_tickets).
+    return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, _call_config(q, k_cache, num_splits))
+
+
+def _call_config(q: torch.Tensor, k_cache: torch.Tensor, num_splits: int) -> Config:
     B, Nq, Hq, _ = q.shape
     Hkv = k_cache.shape[2]
-    cfg = pick_config(B, Nq * (Hq // Hkv), Hkv, k_cache.shape[1], q.element_size(), _num_sms(q.device), num_splits)
-    return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, cfg)
+    return pick_config(B, Nq * (Hq // Hkv), Hkv, k_cache.shape[1], q.element_size(), _num_sms(q.device), num_splits)
 
 
 # The PDL launch (kernels/pdl.py) as an opaque op: under torch.compile the triton_op above is traced into
@@ -679,10 +682,8 @@ def _tree_attention_pdl_op(
     scale: float,
     num_splits: int,
 ) -> torch.Tensor:
-    B, Nq, Hq, _ = q.shape
-    Hkv = k_cache.shape[2]
-    cfg = pick_config(B, Nq * (Hq // Hkv), Hkv, k_cache.shape[1], q.element_size(), _num_sms(q.device), num_splits)
-    return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, cfg._replace(pdl=True))
+    cfg = _call_config(q, k_cache, num_splits)._replace(pdl=True)
+    return _launch(q, k_cache, v_cache, seq_len, anc, tickets, scale, cfg)
 
 
 @_tree_attention_pdl_op.register_fake
