@@ -259,3 +259,19 @@ def test_kernel_cases_in_interpreter():
     if HERE:
         pytest.skip("the kernel cases ran in this process")
     run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")
+
+
+def test_pdl_is_off_where_it_cannot_run(monkeypatch):
+    # Never in the interpreter or on the CPU, and not when turned off (SPECPILOT_PDL=0) or when Triton lacks it.
+    from sglang_specpilot.kernels import pdl
+
+    cpu = torch.zeros(1)
+    assert not pdl.uses_pdl(cpu) and not pdl.uses_pdl(cpu, interpreted=True)
+    if torch.cuda.is_available():
+        gpu = torch.zeros(1, device="cuda")
+        assert not pdl.uses_pdl(gpu, interpreted=True)
+        monkeypatch.setattr(pdl, "TRITON_HAS_PDL", False)
+        assert not pdl.uses_pdl(gpu)
+        monkeypatch.setattr(pdl, "TRITON_HAS_PDL", True)
+        monkeypatch.setattr(pdl, "PDL", False)
+        assert not pdl.uses_pdl(gpu)

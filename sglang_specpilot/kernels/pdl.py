@@ -19,8 +19,12 @@ import functools
 import os
 
 import torch
+import triton.language as tl
 
 PDL = os.environ.get("SPECPILOT_PDL", "1") != "0"
+# ``launch_pdl`` and ``tl.extra.cuda.gdc_wait`` are recent Triton features (the H200's 3.6 has both); an older
+# Triton launches the kernels plainly.
+TRITON_HAS_PDL = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
 
 
 @functools.cache
@@ -30,4 +34,4 @@ def _capable(index: int) -> bool:
 
 def uses_pdl(x: torch.Tensor, interpreted: bool = False) -> bool:
     """Whether a kernel on ``x``'s device launches with PDL (never in the Triton interpreter)."""
-    return PDL and not interpreted and x.is_cuda and _capable(x.device.index or 0)
+    return PDL and TRITON_HAS_PDL and not interpreted and x.is_cuda and _capable(x.device.index or 0)
