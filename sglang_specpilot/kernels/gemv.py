@@ -97,6 +97,14 @@ def _silu_row_load(x_ptr, k, k_ok, K):
 
 
 @triton.jit
+def _w_tile(w_rows, k, k_ok, EVEN_K: tl.constexpr):
+    # One [BLOCK_N, BLOCK_K] tile of W in fp32 (masked along K unless K is a multiple of the tile).
+    if EVEN_K:
+        return tl.load(w_rows + k[None, :]).to(tl.float32)
+    return tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, ROWS: tl.constexpr, EVEN_K: tl.constexpr,
                 SILU: tl.constexpr):  # fmt: skip
     # One W tile times each row's x tile, into the rows' elementwise accumulators.
@@ -173,10 +181,7 @@ def _gemv_kernel(
     # sums in the same order as a loop from 0).
     k = tl.arange(0, BLOCK_K)
     k_ok = k < K
-    if EVEN_K:
-        w = tl.load(w_rows + k[None, :]).to(tl.float32)
-    else:
-        w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+    w = _w_tile(w_rows, k, k_ok, EVEN_K)
     if NORM:
         nw = tl.load(nw_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
     if USE_PDL:
@@ -196,10 +201,7 @@ def _gemv_kernel(
         for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=NUM_STAGES):
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
-            if EVEN_K:
-                w = tl.load(w_rows + k[None, :]).to(tl.float32)
-            else:
-                w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+            w = _w_tile(w_rows, k, k_ok, EVEN_K)
             acc0, acc1, acc2, acc3 = _accumulate(
                 acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k, k_ok, K, ROWS, EVEN_K, SILU
             )
@@ -218,10 +220,6 @@ INTERPRETED = isinstance(_gemv_kernel, InterpretedFunction)
 
 def _launchable(kernel):
     return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
-
-
-# The GEMV's PDL launch (kernels/pdl.py) goes through an opaque op, since inductor launches wrap_triton
-# kernels without the launch attribute; no fusion is lost, inductor never fused into the GEMV.
 
 
 def _launch(x2, weight, bias, y, residual, norm, eps, silu, cfg: GemvConfig, pdl: bool) -> None:
@@ -255,6 +253,8 @@ def _launch(x2, weight, bias, y, residual, norm, eps, silu, cfg: GemvConfig, pdl
     )
 
 
+# The GEMV's PDL launch (kernels/pdl.py) goes through an opaque op, since inductor launches wrap_triton
+# kernels without the launch attribute; no fusion is lost, inductor never fused into the GEMV.
 @torch.library.custom_op("specpilot::gemv_pdl", mutates_args=())
 def _gemv_pdl_op(
     x2: torch.Tensor,

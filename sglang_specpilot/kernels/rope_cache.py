@@ -188,7 +188,6 @@ def rope_cache_write(
         are used, and they must be the same)
     k_cache, v_cache : [B_max, S, num_kv_heads, head_dim]; request b's token n goes to slot ``slots[b, n]``
     slots : [B, N] integer
-
     num_tickets : int32 counters to hand ``tree_attention`` zeroed (its ``tickets``), at least 1
 
     Returns q [B, N, num_heads, head_dim], roped, contiguous, and the zeroed tickets. Runs on the GPU or in

@@ -348,7 +348,7 @@ def _gptfast_subprocess(gptfast_dir: str, context: int, iters: int) -> dict:
     import tempfile
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gptfast_baseline.py"
+    script = _bench_path("gptfast_baseline")
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "gptfast.json"
         cmd = [sys.executable, str(script), "--gptfast-dir", gptfast_dir, "--context", str(context)]
@@ -359,11 +359,17 @@ def _gptfast_subprocess(gptfast_dir: str, context: int, iters: int) -> dict:
         return json.loads(path.read_text()) | {"process": "subprocess"}
 
 
-def _bench_module(name: str):
-    import importlib.util
+def _bench_path(name: str):
+    """The path of ``benchmarks/<name>.py`` in this checkout."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    return Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+
+
+def _bench_module(name: str):
+    import importlib.util
+
+    path = _bench_path(name)
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
