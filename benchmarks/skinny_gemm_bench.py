@@ -35,13 +35,16 @@ ROWS = (4, 8, 16, 33, 64)
 MODELS = ("llama8b", "qwen3_8b", "llama1b")
 
 
-def sweep_tiles(M: int):
+def sweep_tiles(M: int, small: bool = False):
+    """The tiles the sweep times; ``small``: the grid for launch-bound weights (SmolLM2's), narrower tiles
+    (more programs on a small N) and fewer stages (a short K)."""
     from sglang_specpilot.kernels.skinny_gemm import block_m
 
     out = []
-    for bn, bk, ns, nw in itertools.product((32, 64, 128), (64, 128, 256), (3, 4, 6), (4, 8)):
+    grid = ((16, 32, 64), (64, 128), (2, 3, 4), (2, 4)) if small else ((32, 64, 128), (64, 128, 256), (3, 4, 6), (4, 8))
+    for bn, bk, ns, nw in itertools.product(*grid):
         smem = ns * (bn + block_m(M)) * bk * 2
-        if smem <= 200 * 1024 and not (nw == 8 and bn < 128) and not (bn == 32 and bk == 64):
+        if smem <= 200 * 1024 and not (nw == 8 and bn < 128) and (small or not (bn == 32 and bk == 64)):
             out.append((bn, bk, ns, nw))
     return out
 
@@ -62,6 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--sweep-models", default="llama8b", help="models whose shapes --sweep times")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     dev = torch.device("cuda")
@@ -74,7 +78,10 @@ def main(argv=None) -> int:
         for M in rows_m:
             x = torch.randn(M, 512, device=dev, dtype=torch.bfloat16)
             w = torch.randn(200, 512, device=dev, dtype=torch.bfloat16)
-            for bn, bk, ns, nw in sweep_tiles(M):
+            tiles = set(sweep_tiles(M)) if "llama8b" in args.sweep_models else set()
+            if "smollm2" in args.sweep_models:
+                tiles |= set(sweep_tiles(M, small=True))
+            for bn, bk, ns, nw in sorted(tiles):
                 for split in (1, 2):
                     jobs.append((x, w, SkinnyConfig(bn, bk, split, nw, ns)))
 
@@ -113,9 +120,10 @@ def main(argv=None) -> int:
                 print(f"{model:8} {name:8} M={M:2} {ours:8.2f} us vs cuBLAS {cublas:8.2f} us x{cublas / ours:.3f} "
                       f"({row['skinny_TBps']:.2f} vs {row['cublas_TBps']:.2f} TB/s) {tuple(cfg)}"
                       f"{'' if ok else ' WRONG'}", flush=True)  # fmt: skip
-                if args.sweep and model == "llama8b" and time.monotonic() - t0 < args.budget_s:
+                swept = model in args.sweep_models.split(",") and name != "head"
+                if args.sweep and swept and time.monotonic() - t0 < args.budget_s:
                     recs = []
-                    for bn, bk, ns, nw in sweep_tiles(M):
+                    for bn, bk, ns, nw in sweep_tiles(M, small=model == "smollm2"):
                         f = split_for(-(-N // bn), -(-K // bk))
                         for split in sorted({f, max(1, f // 2), min(16, 2 * f)}):
                             if time.monotonic() - t0 > args.budget_s:
@@ -135,7 +143,7 @@ def main(argv=None) -> int:
                         best = min(good, key=lambda r: r["us"])
                         print(f"  sweep best {tuple(best['config'].values())} {best['us']:.2f} us "
                               f"x{cublas / best['us']:.3f} cuBLAS", flush=True)  # fmt: skip
-                        sweeps[f"{name}.m{M}"] = {"N": N, "K": K, "M": M, "cublas_us": cublas, "results": recs,
+                        sweeps[f"{model}.{name}.m{M}"] = {"N": N, "K": K, "M": M, "cublas_us": cublas, "results": recs,
                                                   "best": best}  # fmt: skip
             del ws
             torch.cuda.empty_cache()
@@ -149,11 +157,10 @@ def main(argv=None) -> int:
                 metrics[f"skinny_speedup_min_m{M}_{model}"] = round(min(r), 4)
     # Per M: the tile (split aside: the formula's multiple) with the best geomean over the swept shapes.
     rules = {}
-    for M in rows_m:
+    for model, M in itertools.product(args.sweep_models.split(","), rows_m):
         per = {}
-        for key, s in sweeps.items():
-            if s["M"] != M:
-                continue
+        mine = {k: s for k, s in sweeps.items() if s["M"] == M and k.startswith(model + ".")}
+        for key, s in mine.items():
             for r in s["results"]:
                 if r["ok"]:
                     c = r["config"]
@@ -161,13 +168,12 @@ def main(argv=None) -> int:
                     mult = c["split_k"] / f
                     t = (c["block_n"], c["block_k"], c["num_stages"], c["num_warps"], round(mult, 2))
                     per.setdefault(t, {})[key] = s["cublas_us"] / r["us"]
-        n_shapes = len({k for k, s in sweeps.items() if s["M"] == M})
-        full = {t: statistics.geometric_mean(v.values()) for t, v in per.items() if len(v) == n_shapes}
+        full = {t: statistics.geometric_mean(v.values()) for t, v in per.items() if len(v) == len(mine)}
         if full:
             best = max(full, key=full.get)
-            rules[M] = {"tile": best, "geomean_vs_cublas": round(full[best], 4),
+            rules[f"{model}.m{M}"] = {"tile": best, "geomean_vs_cublas": round(full[best], 4),
                         "top5": sorted(((round(g, 4), t) for t, g in full.items()), reverse=True)[:5]}  # fmt: skip
-            print(f"rule M={M}: (bn, bk, stages, warps, split x formula) {best} geomean x{full[best]:.3f}")
+            print(f"rule {model} M={M}: (bn, bk, stages, warps, split x formula) {best} geomean x{full[best]:.3f}")
     res = {"metrics": metrics, "rows": rows_out, "sweep": sweeps, "rules": rules,
            "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "commit": os.environ.get("SPECPILOT_COMMIT"), "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip

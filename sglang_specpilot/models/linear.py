@@ -53,43 +53,61 @@ FUSED_DECODE = os.environ.get("SPECPILOT_FUSED_DECODE", "1") != "0"
 FUSED_NORM = FUSED_DECODE and os.environ.get("SPECPILOT_FUSED_NORM", "1") != "0"
 
 
-def _one_row_gemv(lin: nn.Module, x: torch.Tensor) -> bool:
-    # Static shapes only: fixed once a block is traced or a graph captured.
-    return isinstance(lin, Linear) and lin.decode_gemv and x.numel() // x.shape[-1] == 1
+def _path(lin: nn.Module, x: torch.Tensor) -> str | None:
+    # Which kernel a fused projection of x runs: "gemv" (one row), "skinny" (a verify-sized row count that
+    # takes kernels/skinny_gemm.py), or None (cuBLAS, unfused). Static shapes only: fixed once a block is
+    # traced or a graph captured.
+    if not isinstance(lin, Linear):
+        return None
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if lin.decode_gemv and rows == 1:
+        return "gemv"
+    if rows in lin.verify_rows:
+        return "skinny"
+    return None
 
 
 def fuses_norm(lin: nn.Module, norm: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``lin(norm(x))`` runs as one launch (``normed_linear``): a one-row GEMV whose row fits one tile
-    (``gemv.norm_fits``: SmolLM2's 576 features do, the 8B's 4096 do not), ``norm`` an RMSNorm in x's dtype."""
+    (``gemv.norm_fits``: SmolLM2's 576 features do, the 8B's 4096 do not) or a verify-rows GEMM (which sums
+    the rows' squares in a pass of its own), ``norm`` an RMSNorm in x's dtype."""
+    path = _path(lin, x) if FUSED_NORM else None
     return (
-        FUSED_NORM
-        and _one_row_gemv(lin, x)
-        and norm_fits(x.shape[-1])
+        (path == "skinny" or (path == "gemv" and norm_fits(x.shape[-1])))
         and getattr(norm, "weight", None) is not None
         and norm.weight.dtype == x.dtype
     )
 
 
+def _fused(lin: nn.Module, x: torch.Tensor, **fusion) -> torch.Tensor:
+    if _path(lin, x) == "gemv":
+        return gemv(x, lin.weight, lin.bias, **fusion)
+    return skinny_linear(x, lin.weight, lin.bias, lin.counters, **fusion)
+
+
 def normed_linear(lin: nn.Module, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``lin(norm(x))``: rms_norm in the GEMV's prologue where ``fuses_norm``, else the two modules."""
+    """``lin(norm(x))``: rms_norm in the GEMV's or verify GEMM's prologue where ``fuses_norm``, else the two
+    modules."""
     if fuses_norm(lin, norm, x):
-        return gemv(x, lin.weight, lin.bias, norm=norm.weight, eps=norm.eps)
+        return _fused(lin, x, norm=norm.weight, eps=norm.eps)
     return lin(norm(x))
 
 
 def residual_linear(lin: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """``residual + lin(x)``: the add in the GEMV's epilogue for a one-row GEMV, else the module and an add."""
-    if FUSED_NORM and _one_row_gemv(lin, x) and residual.dtype == x.dtype:
-        return gemv(x, lin.weight, lin.bias, residual=residual)
+    """``residual + lin(x)``: the add in the GEMV's or verify GEMM's epilogue where either runs, else the
+    module and an add."""
+    if FUSED_NORM and _path(lin, x) and residual.dtype == x.dtype and residual.shape[:-1] == x.shape[:-1]:
+        return _fused(lin, x, residual=residual)
     return residual + lin(x)
 
 
 def fused_down_projection(lin: nn.Module, gate_up: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
-    """``residual + lin(silu_mul(gate_up))`` in one launch where ``lin`` takes the one-row GEMV (silu_mul in
-    its prologue, the add in its epilogue); None elsewhere, where the caller runs the unfused ops. Static
-    shapes only, so the choice is fixed once a block is traced or a graph captured."""
-    if FUSED_DECODE and _one_row_gemv(lin, gate_up) and residual.dtype == gate_up.dtype:
-        return gemv(gate_up, lin.weight, lin.bias, silu=True, residual=residual)
+    """``residual + lin(silu_mul(gate_up))`` in one launch where ``lin`` takes the one-row GEMV or the verify
+    GEMM (silu_mul in its prologue, the add in its epilogue); None elsewhere, where the caller runs the
+    unfused ops. Static shapes only, so the choice is fixed once a block is traced or a graph captured."""
+    if FUSED_DECODE and _path(lin, gate_up) and residual.dtype == gate_up.dtype:
+        if residual.shape[:-1] == gate_up.shape[:-1]:
+            return _fused(lin, gate_up, silu=True, residual=residual)
     return None
 
 
