@@ -79,6 +79,7 @@ def main() -> None:
         "ar": {"kind": "ar"},
         "chain3": chain(3),
         "chain5": chain(5),
+        "chain6": chain(6),
         "tree32d3": tree(32, 3, 8),
         "tree32d6": tree(32, 6, 8),
         "tree64d6": tree(64, 6, 8),
