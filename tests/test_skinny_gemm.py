@@ -1,7 +1,7 @@
 """The verify-rows GEMM (kernels/skinny_gemm.py) against its fp32 reference, on odd shapes, in the Triton
 interpreter on the CPU (on the GPU natively): 2 to 64 rows, K not a multiple of the tile, N not a multiple
 of BLOCK_N, with and without bias, split-K (deterministic, counters left zero), the verify layer's fused
-prologues (rms_norm, silu_mul) and residual epilogue; bad shapes refused."""
+epilogues (silu_mul of a gate_up projection, the residual add); bad shapes refused."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def _inputs(M, N, K, bias, seed=0):
     return x, w, b
 
 
-def _within_ulp(y, ref) -> bool:
+def _within_ulp(y, ref, ulps: int = 1) -> bool:
     # One bf16 rounding of an fp32 sum taken in another order: within one bf16 ulp of the reference.
-    return bool(((y.float() - ref.float()).abs() <= ref.float().abs().clamp_min(1e-3) * 2**-7).all())
+    return bool(((y.float() - ref.float()).abs() <= ref.float().abs().clamp_min(1e-3) * ulps * 2**-7).all())
 
 
 @kernel_case
@@ -69,35 +69,15 @@ def test_kernel_skinny_takes_leading_dims_and_strided_x():
     assert torch.equal(S.skinny_gemm(x.view(2, 3, 128), w, config=cfg).view(6, 40), y)
 
 
-def _close_dot(y, ref, w, xin, ulps=2):
-    # A dot product's rounding bound per row: each of the ``ulps`` roundings of an input (the prologue rounds
-    # where the unfused ops do) moves a term by at most one bf16 ulp (2**-7 relative, the interpreter's
-    # truncating casts included), plus one rounding of the output.
-    bound = (xin.float().abs() @ w.float().abs().t()) * ulps * 2**-7 + ref.float().abs() * 2**-7
-    return bool(((y.float() - ref.float()).abs() <= bound + 1e-6).all())
-
-
 @kernel_case
 @pytest.mark.parametrize("M,N,K,split", [(7, 70, 200, 1), (33, 96, 576, 1), (5, 67, 448, 3)])
-def test_kernel_skinny_norm_prologue_and_residual_epilogue_match_the_reference(M, N, K, split):
-    from sglang_specpilot.models.llama import rms_norm
-
-    x, w, b = _inputs(M, N, K, True, seed=4)
-    x = x * 3  # rows whose rms is not 1, so a missing norm shows
-    x[1] /= 5  # and rows of different rms, so a norm over the wrong row shows
-    g = torch.Generator().manual_seed(5)
-    nw = (1 + torch.randn(K, generator=g) / 4).to(torch.bfloat16).to(DEVICE)
-    res = torch.randn(M, N, generator=g).to(torch.bfloat16).to(DEVICE)
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_skinny_residual_epilogue_is_the_unfused_add(M, N, K, split, bias):
+    x, w, b = _inputs(M, N, K, bias, seed=4)
+    res = torch.randn(M, N, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(DEVICE)
     cfg = S.SkinnyConfig(64, 64, split, 4, 2)
     counters = S.new_counters(DEVICE)
-    y = S.skinny_gemm(x, w, b, counters, cfg, norm=nw, eps=1e-5)
-    xn = rms_norm(x, nw, 1e-5)
-    assert _close_dot(y, S.skinny_gemm_ref(x, w, b, norm=nw, eps=1e-5), w, xn, 3)
-    assert _close_dot(y, S.skinny_gemm(xn, w, b, counters, cfg), w, xn, 3)
-    for wrong in (S.skinny_gemm(x, w, b, counters, cfg), S.skinny_gemm(rms_norm(x, torch.ones_like(nw), 1e-5), w, b)):
-        assert not _close_dot(y, wrong, w, xn, 3)
-    assert torch.equal(S.skinny_gemm(x, w, b, counters, cfg, norm=nw, eps=1e-5), y)  # deterministic
-    # The residual epilogue rounds y, then adds: the unfused add of the plain output, bit for bit on the GPU.
+    # The epilogue rounds y, then adds: the unfused add of the plain output, bit for bit on the GPU.
     fused = S.skinny_gemm(x, w, b, counters, cfg, residual=res)
     unfused = res + S.skinny_gemm(x, w, b, counters, cfg)
     if S.INTERPRETED:  # the interpreter truncates fp32 -> bf16 casts: one ulp of the sum
@@ -108,52 +88,55 @@ def test_kernel_skinny_norm_prologue_and_residual_epilogue_match_the_reference(M
     assert int(counters.abs().sum()) == 0
 
 
-@kernel_case
-@pytest.mark.parametrize("M,N,K,split", [(7, 40, 160, 1), (33, 67, 384, 2)])
-def test_kernel_skinny_silu_prologue_with_residual_matches_the_reference(M, N, K, split):
-    from sglang_specpilot.models.llama import silu_mul
-
-    g = torch.Generator().manual_seed(6)
-    gu = torch.randn(M, 2 * K, generator=g).to(torch.bfloat16).to(DEVICE)
-    w = (torch.randn(N, K, generator=g) / K**0.5).to(torch.bfloat16).to(DEVICE)
-    res = torch.randn(M, N, generator=g).to(torch.bfloat16).to(DEVICE)
-    cfg = S.SkinnyConfig(64, 64, split, 4, 2)
-    counters = S.new_counters(DEVICE)
-    y = S.skinny_gemm(gu, w, None, counters, cfg, silu=True, residual=res)
-    xs = silu_mul(gu)
-    assert _close_dot(y, S.skinny_gemm_ref(gu, w, silu=True, residual=res), w, xs)
-    assert _close_dot(y, res + S.skinny_gemm(xs, w, None, counters, cfg), w, xs)
-    assert not _close_dot(y, res + S.skinny_gemm(gu[:, :K].contiguous(), w, None, counters, cfg), w, xs)
-    assert torch.equal(S.skinny_gemm(gu, w, None, counters, cfg, silu=True, residual=res), y)
+def _act(gate_up):
+    g, u = gate_up.float().chunk(2, dim=-1)
+    return (g * torch.sigmoid(g) * u).to(gate_up.dtype)
 
 
 @kernel_case
-def test_kernel_verify_layer_fuses_norms_silu_and_residuals_for_verify_rows(monkeypatch):
-    # models/linear.py: a projection whose row count takes the verify GEMM (verify_rows) runs rms_norm, the
-    # residual add and silu_mul in the kernel; other row counts keep the modules; the A/B hook turns it off.
+@pytest.mark.parametrize("M,half,K", [(7, 40, 160), (33, 67, 384), (2, 130, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_skinny_swiglu_epilogue_is_silu_mul_of_the_product(M, half, K, bias):
+    x, w, b = _inputs(M, 2 * half, K, bias, seed=6)
+    cfg = S.SkinnyConfig(32, 64, 3, 4, 2)  # a split config: the SwiGLU launch never splits
+    y = S.skinny_gemm(x, w, b, S.new_counters(DEVICE), cfg, swiglu=True)
+    assert y.shape == (M, half)
+    gate_up = S.skinny_gemm(x, w, b, config=cfg._replace(split_k=1))
+    # The gate and up halves rounded as the projection's output, then silu(g) * u in fp32 rounded once
+    # (compiled silu_mul; eager torch rounds silu's output too): within the one rounding, whatever the fp32
+    # sigmoid's last bit.
+    assert _within_ulp(y, _act(gate_up))
+    # Against the fp32 reference: three roundings (gate, up, the product), truncations in the interpreter.
+    assert _within_ulp(y, S.skinny_gemm_ref(x, w, b, swiglu=True), 3 if S.INTERPRETED else 2)
+    swapped = torch.cat([w[half:], w[:half]])  # gate and up the wrong way round: a different activation
+    assert not torch.equal(S.skinny_gemm(x, swapped, None, config=cfg, swiglu=True), y)
+    assert torch.equal(S.skinny_gemm(x, w, b, config=cfg, swiglu=True), y)  # deterministic
+
+
+@kernel_case
+def test_kernel_verify_layer_fuses_silu_mul_and_residuals_for_verify_rows(monkeypatch):
+    # models/linear.py: a projection whose row count takes the verify GEMM (verify_rows) runs silu_mul and
+    # the residual add in its epilogues; other row counts keep the modules; the A/B hook turns it off.
     from sglang_specpilot.models import linear as L
-    from sglang_specpilot.models.llama import RMSNorm, silu_mul
+    from sglang_specpilot.models.llama import RMSNorm
 
     torch.manual_seed(7)
     lin = L.Linear(200, 48, bias=True).to(DEVICE, torch.bfloat16)
-    down = L.Linear(96, 48, bias=False).to(DEVICE, torch.bfloat16)
+    w13 = L.Linear(200, 192, bias=False).to(DEVICE, torch.bfloat16)
     norm = RMSNorm(200, 1e-6).to(DEVICE, torch.bfloat16)
-    norm.weight.data = (1 + torch.randn(200) / 4).to(DEVICE, torch.bfloat16)
     x = torch.randn(1, 7, 200, device=DEVICE, dtype=torch.bfloat16) * 2
-    gu = torch.randn(1, 7, 192, device=DEVICE, dtype=torch.bfloat16)
     res = torch.randn(1, 7, 48, device=DEVICE, dtype=torch.bfloat16)
-    assert not L.fuses_norm(lin, norm, x) and L.fused_down_projection(down, gu, res) is None
-    for m in (lin, down):
+    assert L.swiglu_linear(w13, x) is None and torch.equal(L.residual_linear(lin, x, res), res + lin(x))
+    for m in (lin, w13):
         m.verify_rows, m.counters = frozenset({7}), S.new_counters(DEVICE)
-    assert L.fuses_norm(lin, norm, x) and not L.fuses_norm(lin, norm, x[:, :6])
-    xn = norm(x)
-    assert _close_dot(L.normed_linear(lin, norm, x)[0], lin(xn)[0], lin.weight, xn[0], 3)
-    assert _close_dot(L.residual_linear(lin, xn, res)[0], (res + lin(xn))[0], lin.weight, xn[0])
-    xs = silu_mul(gu)
-    assert _close_dot(L.fused_down_projection(down, gu, res)[0], (res + down(xs))[0], down.weight, xs[0])
-    assert L.fused_down_projection(down, gu[:, :6], res[:, :6]) is None
-    monkeypatch.setattr(L, "FUSED_NORM", False)
-    assert not L.fuses_norm(lin, norm, x) and torch.equal(L.residual_linear(lin, xn, res), res + lin(xn))
+    assert not L.fuses_norm(lin, norm, x)  # no norm prologue on the verify GEMM
+    assert L.swiglu_linear(w13, x[:, :6]) is None
+    act = L.swiglu_linear(w13, x)
+    assert act.shape == (1, 7, 96) and _within_ulp(act[0], _act(w13(x))[0])
+    assert _within_ulp(L.residual_linear(lin, x, res)[0], (res + lin(x))[0])
+    assert L.fused_down_projection(lin, x, res) is None  # silu in down's prologue is the one-row GEMV's
+    monkeypatch.setattr(L, "FUSED_DECODE", False)
+    assert L.swiglu_linear(w13, x) is None
 
 
 def test_skinny_wins_on_small_weights_only_and_its_hook(monkeypatch):
@@ -175,15 +158,13 @@ def test_skinny_pdl_launch_equals_the_plain_launch(monkeypatch):
     if not pdl.uses_pdl(torch.zeros(1, device="cuda")):
         pytest.skip("this GPU has no PDL (sm_90+)")
     x, w, b = _inputs(33, 300, 576, True, seed=8)
-    gu = torch.randn(33, 2 * 576, device=DEVICE).to(x.dtype)
     res = torch.randn(33, 300, device=DEVICE).to(x.dtype)
-    nw = torch.rand(576, device=DEVICE).to(x.dtype) + 0.5
     counters = S.new_counters(DEVICE)
     split = S.SkinnyConfig(32, 64, 3, 4, 2)
     cases = [
         lambda: S.skinny_gemm(x, w, b, counters),
-        lambda: S.skinny_gemm(x[:7], w, b, counters, norm=nw, eps=1e-5),
-        lambda: S.skinny_gemm(gu, w, None, counters, silu=True, residual=res),
+        lambda: S.skinny_gemm(x[:7], w, b, counters, swiglu=True),
+        lambda: S.skinny_gemm(x, w, None, counters, residual=res),
         lambda: S.skinny_gemm(x, w, b, counters, split, residual=res),
     ]
     with_pdl = [f() for f in cases]
@@ -208,10 +189,8 @@ def test_skinny_refuses_bad_shapes_and_missing_counters():
         S.skinny_gemm(x[:4], w[:, :32])
     with pytest.raises(ValueError, match="counters"):
         S.skinny_gemm(x[:4], w, config=S.SkinnyConfig(64, 32, 2, 4, 2))
-    with pytest.raises(ValueError, match="one prologue"):
-        S.skinny_gemm(x[:4], w, silu=True, norm=torch.ones(32, dtype=x.dtype))
-    with pytest.raises(ValueError, match="norm weight"):
-        S.skinny_gemm(x[:4], w, norm=torch.ones(32, dtype=x.dtype))
+    with pytest.raises(ValueError, match="swiglu"):
+        S.skinny_gemm(x[:4], w[:7], swiglu=True)
     with pytest.raises(ValueError, match="residual"):
         S.skinny_gemm(x[:4], w, residual=torch.zeros(3, 8, dtype=x.dtype))
 

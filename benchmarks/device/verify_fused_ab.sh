@@ -2,9 +2,12 @@
 # prologues, models/linear.py) on the real SmolLM2.
 # 1. A/B of captured AR, chain (gamma 6) and tree (32, depth 6, top-k 8) rounds, a row parked at 300 cached
 #    tokens, separate processes, alternated, two runs each: SPECPILOT_VERIFY_GEMM=0 (cuBLAS and the unfused
-#    norms, as before) against the default. Summary in $OUT/verify_fused_ab.json.
+#    silu_mul and adds, as before) against the default. Summary in $OUT/verify_fused_ab.json.
 # 2. The rounds suite's real part at the default (tokens/s, speedups, mismatches against AR) in $OUT/rounds.
+# 0. The verify GEMM's GPU tests and its per-projection probe (benchmarks/probes/verify_layer_probe.py).
 set -u
+python -m pytest -q tests/test_skinny_gemm.py 2>&1 | tail -2
+python benchmarks/probes/verify_layer_probe.py --out $OUT/verify_layer_probe.json 2>&1 | tail -8
 T=/tmp/vab; mkdir -p $T
 for rep in 1 2; do
   for v in auto 0; do
@@ -28,4 +31,4 @@ out["kernels"] = {v: {n: rs[0]["kernels"] for n, rs in s.items()} for v, s in ru
 json.dump(out, open(os.path.join(os.environ["OUT"], "verify_fused_ab.json"), "w"), indent=1)
 print(out["median_round_ms"], out["kernels"])
 PY
-timeout 330 specpilot bench rounds --parts real --model /tmp/smol.gguf --gamma 6 --results-dir $OUT/rounds 2>&1 | tail -25
+timeout 330 python -m sglang_specpilot.cli bench rounds --parts real --model /tmp/smol.gguf --gamma 6 --results-dir $OUT/rounds 2>&1 | tail -25

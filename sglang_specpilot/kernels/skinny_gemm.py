@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from .gemv import gemv_ref
 from .pdl import uses_pdl
 
 MIN_ROWS, MAX_ROWS = 2, 64  # row counts the kernel takes (one row is gemv.py's)
@@ -79,7 +78,7 @@ def pick_config(M: int, N: int, K: int) -> SkinnyConfig:
 VERIFY_GEMM = os.environ.get("SPECPILOT_VERIFY_GEMM", "auto")
 # The largest weight (N x K elements) the kernel takes by default: SmolLM2's projections (the largest, gate_up,
 # 3,072 x 576 = 1.8M) are launch-bound at verify sizes, where cuBLAS pays ~3.7 us a call whatever the size and
-# its layer needs four more kernels (two norms, silu_mul, the add) that the kernel's prologues take.
+# its layer needs kernels for silu_mul and the residual add that the kernel's epilogues take.
 # The 8B's (16.8M to 117M) are bandwidth-bound, where cuBLAS wins (below).
 SMALL_WEIGHT = 4 * 2**20
 MAX_SKINNY_N = 32768  # no vocabulary head
@@ -97,56 +96,32 @@ def skinny_wins(M: int, N: int, K: int) -> bool:
 
 
 @triton.jit
-def _x_tile(x_ptr, m_rows, stride_xm, k, k_ok, K, rstd, nw_ptr, MASKED: tl.constexpr, NORM: tl.constexpr,
-            SILU: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
-    # The [BLOCK_K, BLOCK_M] tile of x^T the MMA takes, after the prologue: SILU, x holds [gate | up] (2K
-    # features) and the tile is silu(gate) * up in fp32, rounded once (as inductor's fused silu_mul rounds);
-    # NORM, it is rms_norm(x) with the rows' 1/rms in ``rstd``: x * rstd in fp32 rounded to x's dtype, times
-    # the weight in that dtype, rounded again (models/llama.py's rms_norm, compiled).
-    dt = x_ptr.dtype.element_ty
-    ptrs = x_ptr + m_rows[None, :] * stride_xm + k[:, None]
-    if SILU:
-        g = _load(ptrs, k_ok[:, None], MASKED).to(tl.float32)
-        u = _load(ptrs + K, k_ok[:, None], MASKED).to(tl.float32)
-        xt = (g / (1.0 + tl.exp(-g)) * u).to(dt)
-    elif NORM:
-        xf = _load(ptrs, k_ok[:, None], MASKED).to(tl.float32)
-        nw = _load(nw_ptr + k, k_ok, MASKED).to(tl.float32)
-        xt = ((xf * rstd[None, :]).to(dt).to(tl.float32) * nw[:, None]).to(dt)
+def _load(ptrs, ok, MASKED: tl.constexpr, UPCAST: tl.constexpr, EVICT: tl.constexpr = ""):
+    if MASKED:
+        t = tl.load(ptrs, mask=ok, other=0.0, eviction_policy=EVICT)
     else:
-        xt = _load(ptrs, k_ok[:, None], MASKED)
+        t = tl.load(ptrs, eviction_policy=EVICT)
     if UPCAST:  # the interpreter's bf16 dot is not reliable: multiply in fp32 there
-        xt = xt.to(tl.float32)
-    return xt
+        t = t.to(tl.float32)
+    return t
 
 
 @triton.jit
-def _load(ptrs, ok, MASKED: tl.constexpr):
-    if MASKED:
-        return tl.load(ptrs, mask=ok, other=0.0)
-    return tl.load(ptrs)
-
-
-@triton.jit
-def _w_tile(w_rows, k, k_ok, MASKED: tl.constexpr, UPCAST: tl.constexpr):
-    if MASKED:
-        w = tl.load(w_rows + k[None, :], mask=k_ok[None, :], other=0.0, eviction_policy="evict_first")
-    else:
-        w = tl.load(w_rows + k[None, :], eviction_policy="evict_first")
-    if UPCAST:
-        w = w.to(tl.float32)
-    return w
-
-
-@triton.jit
-def _epilogue(acc, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):  # fmt: skip
-    # Bias in fp32, one rounding to y's dtype; HAS_RES then adds the residual's row and rounds again (the
-    # unfused ``residual + linear(x)``, bit for bit, given the same linear output).
+def _finish(acc, up, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok, N,
+            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SWIGLU: tl.constexpr):  # fmt: skip
+    # Bias in fp32, one rounding to y's dtype. HAS_RES then adds the residual's row and rounds again (the
+    # unfused ``residual + linear(x)``, bit for bit given the same sums). SWIGLU: ``acc`` holds the gate
+    # half's sums and ``up`` the up half's, each rounded as the gate_up projection's output is, then
+    # silu(gate) * up in fp32 rounded once (inductor's silu_mul), bit for bit the unfused pair.
     dt = y_ptr.dtype.element_ty
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     y = acc.to(dt)
+    if SWIGLU:
+        if HAS_BIAS:
+            up += tl.load(b_ptr + N + rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        g = y.to(tl.float32)
+        y = (g / (1.0 + tl.exp(-g)) * up.to(dt).to(tl.float32)).to(dt)
     if HAS_RES:
         r = tl.load(res_ptr + ms[None, :] * stride_rm + rows[:, None], mask=out_mask, other=0.0)
         y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
@@ -162,7 +137,6 @@ def _skinny_kernel(
     part_ptr,
     counter_ptr,
     res_ptr,
-    nw_ptr,
     M,
     N,
     K,
@@ -171,23 +145,28 @@ def _skinny_kernel(
     stride_ym,
     stride_rm,
     split_k,
-    eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr,
-    NORM: tl.constexpr = False,
-    SILU: tl.constexpr = False,
     HAS_RES: tl.constexpr = False,
+    SWIGLU: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
-    # NORM / SILU: the prologue ``_x_tile`` applies to every x tile (NORM first sums each row's squares over
-    # all of K, a pass over x, which is a few KB to a few hundred and cache-resident); HAS_RES: the residual
-    # epilogue. USE_PDL (kernels/pdl.py): the first W tile is loaded before the wait for the kernel that wrote
-    # x, so a launch-bound verify pass overlaps each GEMM's weight fetch with the kernel before it; that step
-    # is peeled off the loop (the same products in the same order).
+    # SWIGLU (no split): W holds [gate; up], 2N rows, and y is silu_mul of the product (N features): each
+    # program multiplies its BLOCK_N gate rows and the matching up rows, so the activation never makes a
+    # round trip through memory and the silu_mul kernel goes. HAS_RES: the residual epilogue.
+    #
+    # Every prologue op on x measured slow here (benchmarks/probes/verify_layer_probe.py, H200, da1cfb6,
+    # SmolLM2's shapes): an rms_norm prologue took qkv from 2.9 to 6.0 us at 7 rows and silu_mul in the down
+    # projection's prologue 4.4 to 12.9 (5.9 to 24.2 at 33 rows), as elementwise work between an x load and
+    # the MMA keeps that load out of the software pipeline; the epilogues cost 0.1-0.2 us.
+    #
+    # USE_PDL (kernels/pdl.py): the first W tile is loaded before the wait for the kernel that wrote x, so a
+    # launch-bound verify pass overlaps each GEMM's weight fetch with the kernel before it; that step is
+    # peeled off the loop (the same products in the same order).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if USE_PDL:
@@ -196,40 +175,42 @@ def _skinny_kernel(
     n_ok = rows < N
     ms = tl.arange(0, BLOCK_M)
     m_ok = ms < M
-    m_rows = tl.minimum(ms, M - 1)
     ks = tl.arange(0, BLOCK_K)
     k_steps = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_steps, split_k)
     s0 = pid_k * per_split
     s1 = tl.minimum(s0 + per_split, k_steps)
-    w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_wn
+    # Rows of x past M re-read row M - 1 and rows of W past N re-read row N - 1 (never stored).
+    w_ptrs = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_wn + ks[None, :]
+    u_ptrs = w_ptrs + N * stride_wn  # SWIGLU: the up half's rows
+    x_ptrs = x_ptr + tl.minimum(ms, M - 1)[None, :] * stride_xm + ks[:, None]
     # The peeled step is masked to this split's range (a last split may have no steps at all).
-    k = s0 * BLOCK_K + ks
-    k_ok = k < tl.minimum(K, s1 * BLOCK_K)
-    w = _w_tile(w_rows, k, k_ok, True, UPCAST)
+    k0 = s0 * BLOCK_K
+    k_ok = ks < tl.minimum(K, s1 * BLOCK_K) - k0
+    w = _load(w_ptrs + k0, k_ok[None, :], True, UPCAST, "evict_first")
+    if SWIGLU:
+        wu = _load(u_ptrs + k0, k_ok[None, :], True, UPCAST, "evict_first")
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if NORM:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + ks
-            xf = tl.load(x_ptr + m_rows[None, :] * stride_xm + kk[:, None], mask=(kk < K)[:, None], other=0.0)
-            xf = xf.to(tl.float32)
-            ss += tl.sum(xf * xf, axis=0)
-        rstd = tl.math.rsqrt(ss / K + eps)
-    xt = _x_tile(x_ptr, m_rows, stride_xm, k, k_ok, K, rstd, nw_ptr, True, NORM, SILU, UPCAST)
+    xt = _load(x_ptrs + k0, k_ok[:, None], True, UPCAST)
     acc = tl.dot(w, xt, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32))
+    up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if SWIGLU:
+        up = tl.dot(wu, xt, up)
     for s in range(s0 + 1, s1):
-        k = s * BLOCK_K + ks
-        k_ok = k < K
-        w = _w_tile(w_rows, k, k_ok, not EVEN_K, UPCAST)
-        xt = _x_tile(x_ptr, m_rows, stride_xm, k, k_ok, K, rstd, nw_ptr, not EVEN_K, NORM, SILU, UPCAST)
+        k0 = s * BLOCK_K
+        k_ok = ks < K - k0
+        w = _load(w_ptrs + k0, k_ok[None, :], not EVEN_K, UPCAST, "evict_first")
+        xt = _load(x_ptrs + k0, k_ok[:, None], not EVEN_K, UPCAST)
         acc = tl.dot(w, xt, acc)
+        if SWIGLU:
+            wu = _load(u_ptrs + k0, k_ok[None, :], not EVEN_K, UPCAST, "evict_first")
+            up = tl.dot(wu, xt, up)
 
     out_mask = n_ok[:, None] & m_ok[None, :]
     if split_k == 1:
-        _epilogue(acc, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok, HAS_BIAS, HAS_RES)
+        _finish(acc, up, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok, N, HAS_BIAS,
+                HAS_RES, SWIGLU)  # fmt: skip
     else:
         plane = N * M  # partial s of the [split_k, M, N] workspace starts at s * plane
         part = part_ptr + ms[None, :] * N + rows[:, None]
@@ -242,8 +223,8 @@ def _skinny_kernel(
             total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for p in range(0, split_k):  # split order: the sum does not depend on arrival order
                 total += tl.load(part + p * plane, mask=out_mask, other=0.0, cache_modifier=".cg")
-            _epilogue(total, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok, HAS_BIAS,
-                      HAS_RES)  # fmt: skip
+            _finish(total, up, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok, N,
+                    HAS_BIAS, HAS_RES, False)  # fmt: skip
             tl.atomic_xchg(counter_ptr + pid_n, 0)
 
 
@@ -267,27 +248,23 @@ def skinny_gemm(
     counters: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
     *,
-    silu: bool = False,
+    swiglu: bool = False,
     residual: torch.Tensor | None = None,
-    norm: torch.Tensor | None = None,
-    eps: float = 0.0,
 ) -> torch.Tensor:
     """``x [..., K]`` (2 to 64 rows in all) times ``weight [N, K]``^T (+ ``bias [N]``) -> ``[..., N]`` in x's
     dtype. ``counters`` (``new_counters``) is needed when the config splits K. Runs on the GPU or in the
     Triton interpreter.
 
-    The fused prologues and epilogue of a verify layer (as ``gemv.gemv``'s at one row): ``silu``, x has 2K
-    features and each row is ``silu_mul(x)``; ``norm`` (a [K] weight, with ``eps``), each row is
-    ``rms_norm(x, norm, eps)``; ``residual`` ([..., N]), the result is ``residual + y``. Each rounds where
-    the unfused ops (``models/llama.py``, compiled) round."""
-    if norm is not None and silu:
-        raise ValueError("skinny_gemm takes one prologue: norm or silu, not both")
-    K = x.shape[-1] // 2 if silu else x.shape[-1]
+    The verify layer's fused epilogues: ``swiglu``, weight is a gate_up projection ([gate; up], 2I rows) and
+    the result is ``silu_mul`` of the product ([..., I]; never split along K); ``residual`` ([..., N]), the
+    result is ``residual + y``. Each rounds where the unfused ops (``models/llama.py``, compiled) round."""
+    K = x.shape[-1]
     N = weight.shape[0]
-    if weight.shape != (N, K) or (silu and x.shape[-1] != 2 * K):
-        raise ValueError(f"weight {tuple(weight.shape)} does not take x with {x.shape[-1]} features (silu={silu})")
+    if weight.shape != (N, K) or (swiglu and N % 2):
+        raise ValueError(f"weight {tuple(weight.shape)} does not take x with {K} features (swiglu={swiglu})")
+    N_out = N // 2 if swiglu else N
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if not MIN_ROWS <= M <= MAX_ROWS:
         raise ValueError(f"skinny_gemm takes {MIN_ROWS} to {MAX_ROWS} rows, got {M} (use F.linear)")
@@ -298,18 +275,18 @@ def skinny_gemm(
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias {tuple(bias.shape)}, expected ({N},)")
     if residual is not None:
-        if residual.numel() != M * N or residual.dtype != x.dtype:
-            raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype}, expected {M}x{N} of {x.dtype}")
-        residual = residual.reshape(M, N).contiguous()
-    if norm is not None and (norm.shape != (K,) or norm.dtype != x.dtype):
-        raise ValueError(f"norm weight {tuple(norm.shape)} {norm.dtype}, expected ({K},) {x.dtype}")
-    cfg = config or pick_config(M, N, K)
-    tiles = triton.cdiv(N, cfg.block_n)
-    y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        if residual.numel() != M * N_out or residual.dtype != x.dtype:
+            raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype}, expected {M}x{N_out} of {x.dtype}")
+        residual = residual.reshape(M, N_out).contiguous()
+    cfg = config or pick_config(M, N_out, K)
+    if swiglu:
+        cfg = cfg._replace(split_k=1)
+    tiles = triton.cdiv(N_out, cfg.block_n)
+    y = torch.empty((M, N_out), device=x.device, dtype=x.dtype)
     if cfg.split_k > 1:
         if counters is None or counters.numel() < tiles:
             raise ValueError(f"split-K over {tiles} tiles needs a counters buffer of at least {tiles} slots")
-        part = torch.empty((cfg.split_k, M, N), device=x.device, dtype=torch.float32)
+        part = torch.empty((cfg.split_k, M, N_out), device=x.device, dtype=torch.float32)
     else:  # unused, but typed as the kernel expects (one compiled variant)
         part = torch.empty(1, device=x.device, dtype=torch.float32)
         if counters is None:
@@ -325,31 +302,28 @@ def skinny_gemm(
         part,
         counters,
         residual if residual is not None else weight,  # unused without HAS_RES
-        norm if norm is not None else weight,  # unused without NORM
         M,
-        N,
+        N_out,
         K,
         x2.stride(0),
         weight.stride(0),
         y.stride(0),
-        N,
+        N_out,
         cfg.split_k,
-        float(eps),
         BLOCK_M=block_m(M),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=K % cfg.block_k == 0,
         HAS_BIAS=bias is not None,
         UPCAST=INTERPRETED,
-        NORM=norm is not None,
-        SILU=silu,
         HAS_RES=residual is not None,
+        SWIGLU=swiglu,
         USE_PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
-    return y.reshape(*lead, N)
+    return y.reshape(*lead, N_out)
 
 
 @torch.library.custom_op("specpilot::skinny_gemm", mutates_args=())
@@ -359,20 +333,19 @@ def _skinny_op(
     bias: torch.Tensor | None,
     counters: torch.Tensor,
     residual: torch.Tensor | None,
-    norm: torch.Tensor | None,
-    eps: float,
-    silu: bool,
+    swiglu: bool,
 ) -> torch.Tensor:
     # Opaque to torch.compile: the config is chosen here, in eager code, from static shapes, and the launch
     # may carry PDL's attribute (kernels/pdl.py). ``counters`` is scratch the launch returns to zero, so the op
     # mutates nothing a caller can observe (declaring it mutated would make the compiled graph copy the
     # buffer around every call).
-    return skinny_gemm(x, weight, bias, counters, silu=silu, residual=residual, norm=norm, eps=eps)
+    return skinny_gemm(x, weight, bias, counters, swiglu=swiglu, residual=residual)
 
 
 @_skinny_op.register_fake
-def _(x, weight, bias, counters, residual, norm, eps, silu):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+def _(x, weight, bias, counters, residual, swiglu):
+    n = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    return x.new_empty((*x.shape[:-1], n))
 
 
 def skinny_linear(
@@ -381,14 +354,12 @@ def skinny_linear(
     bias: torch.Tensor | None,
     counters: torch.Tensor,
     *,
-    silu: bool = False,
+    swiglu: bool = False,
     residual: torch.Tensor | None = None,
-    norm: torch.Tensor | None = None,
-    eps: float = 0.0,
 ):
-    """``skinny_gemm`` with ``pick_config``'s tile (and its prologue / epilogue), as one op a compiled graph
-    calls (``models/linear.py``)."""
-    return _skinny_op(x, weight, bias, counters, residual, norm, float(eps), silu)
+    """``skinny_gemm`` with ``pick_config``'s tile (and its epilogues), as one op a compiled graph calls
+    (``models/linear.py``)."""
+    return _skinny_op(x, weight, bias, counters, residual, swiglu)
 
 
 def skinny_gemm_ref(
@@ -396,11 +367,16 @@ def skinny_gemm_ref(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    silu: bool = False,
+    swiglu: bool = False,
     residual: torch.Tensor | None = None,
-    norm: torch.Tensor | None = None,
-    eps: float = 0.0,
 ) -> torch.Tensor:
-    """The reference: the prologue as the unfused ops compute it, then fp32 products and sums, one rounding to
-    x's dtype, then the residual add (``gemv.gemv_ref``'s, which does the same for any row count)."""
-    return gemv_ref(x, weight, bias, silu=silu, residual=residual, norm=norm, eps=eps)
+    """The reference: fp32 products and sums, one rounding to x's dtype, then the epilogue as the unfused ops
+    compute it."""
+    y = x.float() @ weight.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    y = y.to(x.dtype)
+    if swiglu:
+        g, u = y.float().chunk(2, dim=-1)
+        y = (g * torch.sigmoid(g) * u).to(x.dtype)
+    return y if residual is None else residual + y.view(residual.shape)

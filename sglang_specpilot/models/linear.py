@@ -69,11 +69,12 @@ def _path(lin: nn.Module, x: torch.Tensor) -> str | None:
 
 def fuses_norm(lin: nn.Module, norm: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``lin(norm(x))`` runs as one launch (``normed_linear``): a one-row GEMV whose row fits one tile
-    (``gemv.norm_fits``: SmolLM2's 576 features do, the 8B's 4096 do not) or a verify-rows GEMM (which sums
-    the rows' squares in a pass of its own), ``norm`` an RMSNorm in x's dtype."""
-    path = _path(lin, x) if FUSED_NORM else None
+    (``gemv.norm_fits``: SmolLM2's 576 features do, the 8B's 4096 do not), ``norm`` an RMSNorm in x's dtype.
+    (The verify GEMM has no norm prologue: kernels/skinny_gemm.py says why.)"""
     return (
-        (path == "skinny" or (path == "gemv" and norm_fits(x.shape[-1])))
+        FUSED_NORM
+        and _path(lin, x) == "gemv"
+        and norm_fits(x.shape[-1])
         and getattr(norm, "weight", None) is not None
         and norm.weight.dtype == x.dtype
     )
@@ -86,8 +87,7 @@ def _fused(lin: nn.Module, x: torch.Tensor, **fusion) -> torch.Tensor:
 
 
 def normed_linear(lin: nn.Module, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``lin(norm(x))``: rms_norm in the GEMV's or verify GEMM's prologue where ``fuses_norm``, else the two
-    modules."""
+    """``lin(norm(x))``: rms_norm in the GEMV's prologue where ``fuses_norm``, else the two modules."""
     if fuses_norm(lin, norm, x):
         return _fused(lin, x, norm=norm.weight, eps=norm.eps)
     return lin(norm(x))
@@ -101,13 +101,21 @@ def residual_linear(lin: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> 
     return residual + lin(x)
 
 
+def swiglu_linear(lin: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """``silu_mul(lin(x))`` in one launch where the gate_up projection ``lin`` takes the verify GEMM (silu_mul
+    in its epilogue); None elsewhere (the one-row GEMV runs silu_mul in the down projection's prologue
+    instead: ``fused_down_projection``)."""
+    if FUSED_DECODE and _path(lin, x) == "skinny":
+        return skinny_linear(x, lin.weight, lin.bias, lin.counters, swiglu=True)
+    return None
+
+
 def fused_down_projection(lin: nn.Module, gate_up: torch.Tensor, residual: torch.Tensor) -> torch.Tensor | None:
-    """``residual + lin(silu_mul(gate_up))`` in one launch where ``lin`` takes the one-row GEMV or the verify
-    GEMM (silu_mul in its prologue, the add in its epilogue); None elsewhere, where the caller runs the
-    unfused ops. Static shapes only, so the choice is fixed once a block is traced or a graph captured."""
-    if FUSED_DECODE and _path(lin, gate_up) and residual.dtype == gate_up.dtype:
-        if residual.shape[:-1] == gate_up.shape[:-1]:
-            return _fused(lin, gate_up, silu=True, residual=residual)
+    """``residual + lin(silu_mul(gate_up))`` in one launch where ``lin`` takes the one-row GEMV (silu_mul in
+    its prologue, the add in its epilogue); None elsewhere, where the caller runs the unfused ops. Static
+    shapes only, so the choice is fixed once a block is traced or a graph captured."""
+    if FUSED_DECODE and _path(lin, gate_up) == "gemv" and residual.dtype == gate_up.dtype:
+        return gemv(gate_up, lin.weight, lin.bias, silu=True, residual=residual)
     return None
 
 

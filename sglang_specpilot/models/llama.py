@@ -16,7 +16,7 @@ from torch import nn
 
 from . import linear as _linear
 from .config import ModelConfig
-from .linear import Linear, fused_down_projection, fuses_norm, normed_linear, residual_linear
+from .linear import Linear, fused_down_projection, fuses_norm, normed_linear, residual_linear, swiglu_linear
 
 try:  # Triton is optional on CPU-only installs; the engine then keeps SDPA everywhere.
     from ..kernels.rope_cache import rope_cache_write
@@ -157,7 +157,13 @@ class Block(nn.Module):
             gate_up = normed_linear(self.mlp.w13, self.mlp_norm, h)
         else:
             h = x + a(self.attn_norm(x), cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
-            gate_up = self.mlp.w13(self.mlp_norm(h))
+            xn = self.mlp_norm(h)
+            # A verify pass on the verify GEMM (small models): silu_mul in gate_up's epilogue and the add in
+            # down's, so a layer is eight launches instead of ten.
+            act = swiglu_linear(self.mlp.w13, xn)
+            if act is not None:
+                return residual_linear(self.mlp.w2, act, h)
+            gate_up = self.mlp.w13(xn)
         fused = fused_down_projection(self.mlp.w2, gate_up, h)
         return fused if fused is not None else h + self.mlp.w2(silu_mul(gate_up))
 
