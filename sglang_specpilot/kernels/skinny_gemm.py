@@ -96,7 +96,8 @@ def skinny_wins(M: int, N: int, K: int) -> bool:
 
 
 @triton.jit
-def _load(ptrs, ok, MASKED: tl.constexpr, UPCAST: tl.constexpr, EVICT: tl.constexpr = ""):
+def _load(ptrs, ok, MASKED: tl.constexpr, UPCAST: tl.constexpr, EVICT: tl.constexpr):
+    # EVICT has no default: Triton 3.6 cannot compile a defaulted string constexpr (the interpreter can).
     if MASKED:
         t = tl.load(ptrs, mask=ok, other=0.0, eviction_policy=EVICT)
     else:
@@ -192,7 +193,7 @@ def _skinny_kernel(
         wu = _load(u_ptrs + k0, k_ok[None, :], True, UPCAST, "evict_first")
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-    xt = _load(x_ptrs + k0, k_ok[:, None], True, UPCAST)
+    xt = _load(x_ptrs + k0, k_ok[:, None], True, UPCAST, "")
     acc = tl.dot(w, xt, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32))
     up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if SWIGLU:
@@ -201,7 +202,7 @@ def _skinny_kernel(
         k0 = s * BLOCK_K
         k_ok = ks < K - k0
         w = _load(w_ptrs + k0, k_ok[None, :], not EVEN_K, UPCAST, "evict_first")
-        xt = _load(x_ptrs + k0, k_ok[:, None], not EVEN_K, UPCAST)
+        xt = _load(x_ptrs + k0, k_ok[:, None], not EVEN_K, UPCAST, "")
         acc = tl.dot(w, xt, acc)
         if SWIGLU:
             wu = _load(u_ptrs + k0, k_ok[None, :], not EVEN_K, UPCAST, "evict_first")
