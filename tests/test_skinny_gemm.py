@@ -206,6 +206,42 @@ def test_pick_config_fills_the_gpu_and_never_over_splits():
     assert all(S.block_m(m) in (16, 32, 64) and S.block_m(m) >= m for m in range(2, 65))
 
 
+def test_every_default_config_fits_in_shared_memory():
+    # The pipeline holds num_stages copies of a step's tiles; the SwiGLU launch's two W tiles at 33 to 64
+    # rows with pick_config's 5 stages did not fit (245,760 bytes asked, 232,448 on the H200).
+    for M in range(S.MIN_ROWS, S.MAX_ROWS + 1):
+        for N, K in [(576, 576), (1536, 576), (4096, 4096), (14336, 4096)]:
+            for swiglu in (False, True):
+                cfg = S.fit_stages(S.pick_config(M, N, K), M, swiglu)
+                assert 2 <= cfg.num_stages and cfg.num_stages * S.stage_bytes(cfg, M, swiglu) <= S.SMEM_BYTES
+    wide = S.SkinnyConfig(64, 128, 1, 4, 5)
+    assert S.fit_stages(wide, 33, swiglu=True).num_stages == 4 and S.fit_stages(wide, 7, swiglu=True) == wide
+
+
+# SmolLM2-135M's projections (hidden 576, 9 + 2 * 3 heads of 64, intermediate 1536): every row count a verify
+# pass may use, with the epilogues the verify layer runs, at the default configs (natively only: the
+# interpreter takes minutes and has no shared-memory limit).
+SMOL = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the default tiles launch on a GPU only")
+@pytest.mark.parametrize("proj", list(SMOL))
+def test_skinny_default_configs_launch_at_every_verify_row_count(proj):
+    N, K = SMOL[proj]
+    counters = S.new_counters("cuda")
+    for M in range(S.MIN_ROWS, S.MAX_ROWS + 1):
+        x, w, _ = _inputs(M, N, K, False, seed=M)
+        plain = S.skinny_gemm(x, w, None, counters)
+        assert _within_ulp(plain, S.skinny_gemm_ref(x, w)), M
+        if proj == "gate_up":  # silu_mul of the plain product, rounded once
+            assert _within_ulp(S.skinny_gemm(x, w, None, counters, swiglu=True), _act(plain)), M
+        elif proj in ("o", "down"):  # the unfused add, bit for bit
+            r = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+            assert torch.equal(S.skinny_gemm(x, w, None, counters, residual=r), r + plain), M
+        assert int(counters.abs().sum()) == 0
+
+
 def test_kernel_cases_in_interpreter():
     # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
     if S.INTERPRETED or torch.cuda.is_available():

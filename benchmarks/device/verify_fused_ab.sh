@@ -1,5 +1,5 @@
 # One device call (after the GGUF's three parts have come): the fused verify layer (kernels/skinny_gemm.py's
-# prologues, models/linear.py) on the real SmolLM2.
+# SwiGLU and residual epilogues, models/linear.py) on the real SmolLM2.
 # 1. A/B of captured AR, chain (gamma 6) and tree (32, depth 6, top-k 8) rounds, a row parked at 300 cached
 #    tokens, separate processes, alternated, two runs each: SPECPILOT_VERIFY_GEMM=0 (cuBLAS and the unfused
 #    silu_mul and adds, as before) against the default. Summary in $OUT/verify_fused_ab.json.

@@ -73,6 +73,23 @@ def pick_config(M: int, N: int, K: int) -> SkinnyConfig:
     return SkinnyConfig(bn, bk, split_for(tiles, -(-K // bk)), 4, stages)
 
 
+# Shared memory a program may hold on the H100/H200 (the opt-in per-block maximum). Triton's pipeline takes
+# num_stages copies of a step's tiles and nothing more: SWIGLU's two W tiles at 33 rows and 5 stages asked for
+# exactly 5 x 48 KiB = 245,760 bytes and failed to launch (verify_fused_ab at a3703ad).
+SMEM_BYTES = 232448
+
+
+def stage_bytes(cfg: SkinnyConfig, M: int, swiglu: bool = False, elt: int = 2) -> int:
+    """Shared memory one pipeline stage holds: the W tile (two with ``swiglu``: gate and up) and x's tile."""
+    return ((2 if swiglu else 1) * cfg.block_n * cfg.block_k + cfg.block_k * block_m(M)) * elt
+
+
+def fit_stages(cfg: SkinnyConfig, M: int, swiglu: bool = False, elt: int = 2) -> SkinnyConfig:
+    """``cfg`` with no more stages than fit in ``SMEM_BYTES`` (at least 2: one to load while one multiplies)."""
+    fit = max(2, SMEM_BYTES // stage_bytes(cfg, M, swiglu, elt))
+    return cfg if cfg.num_stages <= fit else cfg._replace(num_stages=fit)
+
+
 # A benchmarking hook for A/B runs in separate processes (the choice is baked into compiled blocks and captured
 # graphs): SPECPILOT_VERIFY_GEMM=1 gives every verify-sized projection but the heads to the kernel, =0 none.
 VERIFY_GEMM = os.environ.get("SPECPILOT_VERIFY_GEMM", "auto")
@@ -282,6 +299,7 @@ def skinny_gemm(
     cfg = config or pick_config(M, N_out, K)
     if swiglu:
         cfg = cfg._replace(split_k=1)
+    cfg = fit_stages(cfg, M, swiglu, x.element_size())
     tiles = triton.cdiv(N_out, cfg.block_n)
     y = torch.empty((M, N_out), device=x.device, dtype=x.dtype)
     if cfg.split_k > 1:
