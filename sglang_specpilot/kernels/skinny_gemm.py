@@ -73,9 +73,9 @@ def pick_config(M: int, N: int, K: int) -> SkinnyConfig:
     return SkinnyConfig(bn, bk, split_for(tiles, -(-K // bk)), 4, stages)
 
 
-# Shared memory a program may hold on the H100/H200 (the opt-in per-block maximum). Triton's pipeline takes
-# num_stages copies of a step's tiles and nothing more: SWIGLU's two W tiles at 33 rows and 5 stages asked for
-# exactly 5 x 48 KiB = 245,760 bytes and failed to launch (verify_fused_ab at a3703ad).
+# Shared memory a program may hold on the H100/H200 (the opt-in per-block maximum). The kernel asks for
+# num_stages + 1 copies of a step's tiles (the peeled first step's among them): SWIGLU's two W tiles at 17-32
+# rows and 5 stages asked for 245,760 bytes = 6 x 40 KiB and failed to launch (H200, a3703ad and fad3c20).
 SMEM_BYTES = 232448
 
 
@@ -86,7 +86,7 @@ def stage_bytes(cfg: SkinnyConfig, M: int, swiglu: bool = False, elt: int = 2) -
 
 def fit_stages(cfg: SkinnyConfig, M: int, swiglu: bool = False, elt: int = 2) -> SkinnyConfig:
     """``cfg`` with no more stages than fit in ``SMEM_BYTES`` (at least 2: one to load while one multiplies)."""
-    fit = max(2, SMEM_BYTES // stage_bytes(cfg, M, swiglu, elt))
+    fit = max(2, SMEM_BYTES // stage_bytes(cfg, M, swiglu, elt) - 1)
     return cfg if cfg.num_stages <= fit else cfg._replace(num_stages=fit)
 
 
