@@ -19,11 +19,13 @@ accepted node except the last was expanded and its K/V already saw exactly its a
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from tree_verify import Lattice
 
+from ..kernels.lattice_step import lattice_children, lattice_children_ref, lattice_select, lattice_select_ref
 from .attn_meta import causal_tree
 from .runner import ModelRunner
 
@@ -32,6 +34,13 @@ try:  # Triton is optional on CPU-only installs: then the draft picks stay torch
     from ..kernels.topk_logprobs import topk_logprobs
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     greedy_pick = topk_logprobs = None
+
+
+# The tree round's bookkeeping kernels, off until the H200 has timed them (benchmarks/device/tree_kernels_ab.sh):
+# SPECPILOT_TREE_KERNELS=1 runs a lattice depth's selection and its children's writes as one launch each
+# (kernels/lattice_step.py), and the best-first tree and its verify masks as one each (kernels/tree_build.py),
+# where PyTorch runs ~30 kernels a depth and ~40 for the tree. Read at call time (tests switch it).
+TREE_KERNELS = os.environ.get("SPECPILOT_TREE_KERNELS", "0") == "1"
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -105,63 +114,39 @@ def expand_lattice(
         shape = logits.shape[:-1] + (1,)
         return torch.zeros(shape, device=dev), tok.view(shape)
 
+    # The lattice in buffers the depths fill in place (candidate c = e * k + j is child j of expansion e).
+    C = E * k
     lp, tok = children(logits)
-    if features is not None and d2t is not None:
-        tok = d2t[tok]
-    parents = [torch.full((B, 1), -1, dtype=torch.long, device=dev)]
-    tokens, logprobs, scores = [tok[:, None]], [lp[:, None]], [lp]
-    cand_depth = [torch.ones(k, dtype=torch.long, device=dev)]  # depth of each expansion's children
+    d2t = d2t if features is not None else None
+    scores = torch.empty(B, C, dtype=lp.dtype, device=dev)
+    logprobs = torch.empty(B, C, dtype=lp.dtype, device=dev)
+    tokens = torch.empty(B, C, dtype=torch.long, device=dev)
+    select, write = (lattice_select, lattice_children) if TREE_KERNELS else (lattice_select_ref, lattice_children_ref)
+    write(scores, logprobs, tokens, torch.zeros_like(lp[:, :1]), lp[:, None], tok[:, None], d2t, 0)
+    parents = torch.full((B, E), -1, dtype=torch.long, device=dev)
     # vis[b, e, e'] = expansion e' is e or one of its ancestors (slot seq_len + e' is visible to e).
     vis = torch.zeros(B, E, E, dtype=torch.bool, device=dev)
     vis[:, 0, 0] = True
-    # Diagonal rows as a device tensor: an index_put of a Python True would copy a host scalar, which a
-    # CUDA graph capture refuses.
-    eye = torch.eye(E, dtype=torch.bool, device=dev)
-    expanded_by = torch.full((B, E * k), -1, dtype=torch.long, device=dev)
-    ar = torch.arange(k, device=dev)
+    expanded_by = torch.full((B, C), -1, dtype=torch.long, device=dev)
+    if hidden is not None:
+        hidden = torch.cat([hidden, hidden.new_zeros(B, E - 1, hidden.shape[-1])], 1)  # [B, E, H]
     for d in range(1, depth):
-        # Candidates of the previous depth: those of the last k expansions (of the root only at d = 1).
-        first_exp = 0 if d == 1 else 1 + (d - 2) * k
-        n_exp = 1 if d == 1 else k
-        prev_scores = torch.cat(scores[-n_exp:], 1)  # [B, n_exp * k]
-        # Stable descending sort: equal scores keep candidate order, so ties resolve the same way as
-        # best_first does.
-        pick = torch.sort(prev_scores, dim=-1, descending=True, stable=True).indices[:, :k]
-        cand = first_exp * k + pick  # [B, k] candidate ids to expand
-        e_ids = 1 + (d - 1) * k + ar  # [k] expansion indices
-        expanded_by.scatter_(1, cand, e_ids.expand(B, k))
-        parent_exp = cand // k
-        vis[:, e_ids] = vis.gather(1, parent_exp[:, :, None].expand(B, k, E)) | eye[e_ids]
-        all_tokens = torch.cat(tokens, 1).flatten(1)
-        x = all_tokens.gather(1, cand)
-        pos = (seq_len + d)[:, None].expand(B, k)
-        slots = seq_len[:, None] + e_ids
+        e0 = 1 + (d - 1) * k  # this depth's expansions e0 .. e0 + k - 1
+        sel = select(scores, tokens, parents, vis, expanded_by, seq_len, d, k)
+        mask = vis[:, e0 : e0 + k].contiguous()
         if hidden is None:
-            logits = runner.forward(x, pos, slots, seq_len, vis[:, e_ids], kv_len)
+            logits = runner.forward(sel.x, sel.pos, sel.slots, seq_len, mask, kv_len)
         else:
-            g = hidden.gather(1, parent_exp[:, :, None].expand(B, k, hidden.shape[-1]))
-            h = runner.forward(x, pos, slots, seq_len, vis[:, e_ids], kv_len, g=g)
-            hidden = torch.cat([hidden, h], 1)
+            g = hidden.gather(1, sel.parent_exp[:, :, None].expand(B, k, hidden.shape[-1]))
+            h = runner.forward(sel.x, sel.pos, sel.slots, seq_len, mask, kv_len, g=g)
+            hidden[:, e0 : e0 + k] = h
             logits = head(h)
         lp, tok = children(logits)  # [B, k, k]
-        if d2t is not None:
-            tok = d2t[tok]
-        base = torch.cat(scores, 1).gather(1, cand)  # path scores of the expanded candidates
-        parents.append(cand)
-        tokens.append(tok)
-        logprobs.append(lp)
-        scores += list((base[:, :, None] + lp).unbind(1))
-        cand_depth.append(torch.full((k * k,), d + 1, dtype=torch.long, device=dev))
-    # The path scores were summed as the lattice grew (parent score + edge, the order candidate_scores
-    # adds in, so the numbers are the same), and every child of a depth-d expansion has depth d + 1.
-    lattice = Lattice(
-        torch.cat(parents, 1),
-        torch.cat(tokens, 1),
-        torch.cat(logprobs, 1),
-        check=False,
-        scores=torch.cat(scores, 1),
-        depths=torch.cat(cand_depth).expand(B, -1),
-    )
+        # Path scores: parent score + edge, the order candidate_scores adds in, so the numbers are the same.
+        write(scores, logprobs, tokens, sel.base, lp, tok, d2t, e0 * k)
+    # Every child of a depth-d expansion has depth d + 1 (the root's children depth 1).
+    depths = _child_depths(depth, k, str(dev)).expand(B, -1)
+    lattice = Lattice(parents, tokens.view(B, E, k), logprobs.view(B, E, k), check=False, scores=scores, depths=depths)
     return lattice, expanded_by, (torch.stack(qs, 1) if qs else None)
 
 
@@ -260,6 +245,13 @@ def _eagle_window(history, seq_len, next_tok, n_prev, W: int):
     idx = (start[:, None] + t).clamp(max=history.shape[1] - 1)
     toks = torch.where(t == n_prev[:, None], next_tok[:, None], history.gather(1, idx))
     return toks, idx, start
+
+
+@functools.cache
+def _child_depths(depth: int, k: int, dev: str) -> torch.Tensor:
+    # [E * k]: the depth of each lattice candidate (child of expansion e), a constant per (depth, top_k).
+    e = torch.arange(1 + (depth - 1) * k, device=dev)
+    return (torch.where(e == 0, 0, (e - 1) // k + 1) + 1).repeat_interleave(k)
 
 
 @functools.cache

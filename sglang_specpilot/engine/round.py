@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tree_verify import accept_greedy_batched, accept_sampling_batched, ancestor_mask, best_first
+from tree_verify import accept_greedy_batched, accept_sampling_batched, best_first
 
+from ..kernels.tree_build import best_first_tree, tree_masks, tree_masks_ref
+from . import draft_tree
 from .attn_meta import causal_tree
 from .draft_tree import commit_draft, draft_chain, expand_lattice
 from .ngram import ngram_draft
@@ -164,7 +166,7 @@ class Round:
         lattice, expanded_by, qs = expand_lattice(self.draft, hist, seq, nxt, D, K, kv_len, sample, features)
         if self.shape.chain:  # the lattice of a chain is the chain: candidate i is draft token i + 1
             return lattice.tokens[:, :, 0], None, None, None, qs
-        tree = best_first(lattice, N)
+        tree = best_first_tree(lattice, N) if draft_tree.TREE_KERNELS else best_first(lattice, N)
         accept = tree.tokens
         if self.shared_budget is not None and use is not None:  # one budget over the batch: padding is -1
             accept = torch.where(shared_keep(tree.scores, use, self.shared_budget), tree.tokens, -1)
@@ -252,8 +254,7 @@ class Round:
         if parents is None:
             anc, depth = self._chain_anc, self._chain_depth
         else:
-            anc = ancestor_mask(parents, D)
-            depth = torch.cat([torch.zeros_like(parents[:, :1]), anc[:, 1:].sum(-1) - 1], 1)
+            anc, depth = (tree_masks if draft_tree.TREE_KERNELS else tree_masks_ref)(parents, D)
         if feats_out is None:
             logits = self.target.forward(block, seq[:, None] + depth, slots, seq, anc, kv_len)
         else:  # the features come out of the same pass: no extra forward
