@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tree_verify import accept_greedy_batched, accept_sampling_batched, best_first
+from tree_verify import accept_sampling_batched, best_first
 
+from ..kernels.tree_accept import accept_greedy_tree, accept_greedy_tree_ref, padded_path
 from ..kernels.tree_build import best_first_tree, tree_masks, tree_masks_ref
 from . import draft_tree
 from .attn_meta import causal_tree
@@ -277,17 +278,16 @@ class Round:
             accepted = block[:, : D + 1]
             path = self._path.expand(B, D + 1)
         else:
+            # Path of D + 1 entries, padded by repeating the last accepted one (lands past the new end).
             if bs.all_greedy:
-                res = accept_greedy_batched(parents, accept_tokens, target, anc)
+                accept = accept_greedy_tree if draft_tree.TREE_KERNELS else accept_greedy_tree_ref
+                res, path = accept(parents, accept_tokens, target, anc, D)
             else:
                 res = accept_sampling_batched(
                     parents, accept_tokens, probs_from_logits(logits, bs), bs.generator, self.shape.top_k, D
                 )
+                path = padded_path(res, D)
             n, bonus = res.accept_length, res.bonus
-            # Path of D + 1 entries, padded by repeating the last accepted one (lands past the new end).
-            path = torch.where(res.path < 0, res.last[:, None], res.path)[:, : D + 1]
-            if path.shape[1] < D + 1:
-                path = torch.cat([path, path[:, -1:].expand(B, D + 1 - path.shape[1])], 1)
             self.target.kv.commit(seq, path)
             if commit is not None:
                 commit_draft(self.draft, seq, commit[0], commit[1], path)
