@@ -111,3 +111,27 @@ def test_kernel_cases_in_interpreter():
     if T._runs_here(torch.zeros(1)) or torch.cuda.is_available() or T.triton is None:
         pytest.skip("the kernel cases run in this process")
     run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a captured, compiled round runs on a GPU only")
+def test_captured_tree_round_with_the_kernels_equals_the_pytorch_round(monkeypatch):
+    # The default GPU path (CUDA graphs, compiled blocks) with SPECPILOT_TREE_KERNELS on and off, greedy, at
+    # mixed prompt lengths and batch 3: the same tokens and the same accepted nodes.
+    from helpers import WordTokenizer, prompts, tiny_model
+
+    from sglang_specpilot.config import EngineOptions
+    from sglang_specpilot.engine import Engine, SamplingParams, draft_tree
+
+    target = tiny_model("tiny-llama").cuda()
+    ps = prompts([5, 17, 9], target.cfg.vocab_size, seed=1)
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(draft_tree, "TREE_KERNELS", on)
+        tree = dict(tree_budget=32, tree_depth=6, tree_top_k=8)
+        o = EngineOptions(max_seq_len=256, max_batch_size=4, graph_batch_sizes=(1, 2, 4), device="cuda",
+                          dtype="float32", compile=True, cuda_graphs=True, **tree)  # fmt: skip
+        eng = Engine(target, WordTokenizer(), o, target.truncated(2))
+        res = eng.generate(ps, SamplingParams(max_new_tokens=24, ignore_eos=True))
+        out[on] = [r.token_ids for r in res], eng.batch.round_tokens
+    assert out[True] == out[False]
