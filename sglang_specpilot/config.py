@@ -113,8 +113,10 @@ class EngineOptions:
         (gemv_h200.json) it read Llama-3.1-8B's projections 1.07-1.30x faster than cuBLAS and SmolLM2's
         1.3-1.7x. Its sums run in another order, so a greedy near-tie may tip (token forcing judges).
     verify_gemm : BF16 projections of 2 to 64 rows (verify passes, small batches) run
-        ``kernels/skinny_gemm.py`` instead of cuBLAS at the row counts and shapes where it is faster
-        (``skinny_wins``; skinny_gemm_h200.json). Same caveat on near-ties as ``decode_gemv``.
+        ``kernels/skinny_gemm.py`` instead of cuBLAS where ``skinny_wins``: small, launch-bound weights
+        (SmolLM2's), whose verify layer then takes silu_mul and the residual adds in the GEMM's epilogues
+        (eight launches, not ten); the 8B's projections keep cuBLAS, faster there (skinny_gemm_h200.json).
+        Same caveat on near-ties as ``decode_gemv``.
     """
 
     model: str | None = None
