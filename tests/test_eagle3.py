@@ -1,10 +1,11 @@
 """The EAGLE-3 feature drafter in the engine: lossless rounds, true-feature draft K/V, its folder format."""
 
 import json
+import os
 
 import pytest
 import torch
-from helpers import WordTokenizer, prompts, tiny_model
+from helpers import WordTokenizer, prompts, run_kernel_cases_in_interpreter, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.drafters.eagle3 import init_eagle3, is_eagle3, load_eagle3, save_eagle3
@@ -51,6 +52,30 @@ def test_greedy_equals_ar(kind, lengths):
     eng = _engine(target, _drafter(target), kind)
     assert _ids(eng, ps) == ar
     assert eng.batch.round_tokens > eng.batch.rounds  # some drafts were accepted: windows with n > 0 ran
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"), reason="the kernels run in Triton"
+)
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_kernel_greedy_with_the_tree_kernels_equals_ar(monkeypatch, kind):
+    # SPECPILOT_TREE_KERNELS=1: the lattice, tree, mask and acceptance kernels and the head's fused norm (which
+    # may move the drafter's numbers by an ulp: the drafts, never the output); a reduced draft vocabulary.
+    from sglang_specpilot.engine import draft_tree
+
+    monkeypatch.setattr(draft_tree, "TREE_KERNELS", True)
+    target = tiny_model("tiny-llama", vocab_size=V)
+    ps = prompts([5, 11, 3], V, seed=3)
+    eng = _engine(target, _drafter(target, vocab=[0, 2, 3, 5, 7, 8, 11]), kind)
+    assert _ids(eng, ps) == _ids(_engine(target, None, "ar"), ps)
+    assert eng.batch.round_tokens > eng.batch.rounds
+
+
+def test_kernel_cases_in_interpreter():
+    # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the kernel cases run in this process")
+    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")
 
 
 def test_reduced_draft_vocabulary_equals_ar():

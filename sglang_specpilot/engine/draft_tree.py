@@ -26,6 +26,7 @@ import torch
 from tree_verify import Lattice
 
 from ..kernels.lattice_step import lattice_children, lattice_children_ref, lattice_select, lattice_select_ref
+from ..kernels.rms_norm import rms_norm as fused_rms_norm
 from .attn_meta import causal_tree
 from .runner import ModelRunner
 
@@ -38,8 +39,9 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 
 # The tree round's bookkeeping kernels, off until the H200 has timed them (benchmarks/device/tree_kernels_ab.sh):
 # SPECPILOT_TREE_KERNELS=1 runs a lattice depth's selection and its children's writes as one launch each
-# (kernels/lattice_step.py), and the best-first tree and its verify masks as one each (kernels/tree_build.py),
-# where PyTorch runs ~30 kernels a depth and ~40 for the tree. Read at call time (tests switch it).
+# (kernels/lattice_step.py), the best-first tree and its verify masks as one each (kernels/tree_build.py),
+# greedy acceptance as one (kernels/tree_accept.py), and the EAGLE-3 head's norm as one (kernels/rms_norm.py,
+# chains too), where PyTorch runs ~30 kernels a depth and ~65 for the tree. Read at call time (tests switch it).
 TREE_KERNELS = os.environ.get("SPECPILOT_TREE_KERNELS", "0") == "1"
 
 
@@ -208,8 +210,15 @@ def _draft_root(runner, history, seq_len, next_tok, kv_len, features, sampled: b
     # over the target's whole vocabulary cost 13.5 us a depth on the H200 for SmolLM2's 49,152. Sampling
     # needs the distribution over target ids.
     head = drafter.target_logits if sampled else drafter.logits
+    if TREE_KERNELS and not sampled:
+        head = functools.partial(_normed_head, drafter)
     d2t = drafter.d2t if not sampled and drafter.spec.draft_vocab != drafter.spec.target_vocab else None
     return head(h_root), h_root, head, d2t
+
+
+def _normed_head(drafter, h: torch.Tensor) -> torch.Tensor:
+    # The drafter's ``logits`` with its norm in one launch (kernels/rms_norm.py) instead of eight eager kernels.
+    return drafter.lm_head(fused_rms_norm(h, drafter.norm.weight, drafter.norm.eps))
 
 
 def _eagle_root(runner, history, seq_len, next_tok, feats, n_prev, kv_len) -> torch.Tensor:
