@@ -1,7 +1,7 @@
 # One device call (after the GGUF's three parts have come): the tree round's bookkeeping kernels
 # (SPECPILOT_TREE_KERNELS=1: kernels/lattice_step.py, tree_build.py, tree_accept.py) on the H200.
 # 0. Their GPU tests: the kernel cases natively, and a captured, compiled tree round with them equal to one without.
-# 1. A/B of captured AR and tree (32, depth 6, top-k 8) rounds on the real SmolLM2, a row parked at 300 cached
+# 1. A/B of captured AR, chain (gamma 6) and tree (32, depth 6, top-k 8) rounds on the real SmolLM2, a row parked at 300 cached
 #    tokens, separate processes, alternated, two runs each: SPECPILOT_TREE_KERNELS=1 against 0 (the default).
 #    Summary in $OUT/tree_kernels_ab.json.
 # 2. The rounds suite's real part with the kernels on, in $OUT/rounds (tokens/s, speedups, mismatches vs AR): the
@@ -12,7 +12,7 @@ T=/tmp/tkab; mkdir -p $T
 for rep in 1 2; do
   for v in 1 0; do
     SPECPILOT_TREE_KERNELS=$v timeout 240 python benchmarks/probes/round_profile.py --target smollm2 \
-      --model /tmp/smol.gguf --context 300 --systems ar,tree32d6 --out $T/smol_${v}_r$rep.json 2>&1 | tail -1
+      --model /tmp/smol.gguf --context 300 --systems ar,chain6,tree32d6 --out $T/smol_${v}_r$rep.json 2>&1 | tail -1
   done
 done
 python - <<'PY'
