@@ -11,9 +11,12 @@ import pytest
 import torch
 from helpers import run_kernel_cases_in_interpreter, tiny_model
 
+from sglang_specpilot.kernels.launch import interpreted
+
 L = importlib.import_module("sglang_specpilot.kernels.lattice_step")
 
-HERE = L.triton is not None and (L._interpreted() or torch.cuda.is_available())
+INTERP = L.triton is not None and interpreted(L._select_kernel)
+HERE = INTERP or torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
 
@@ -111,12 +114,12 @@ def test_kernel_expansion_equals_the_reference_expansion(monkeypatch):
 def test_kernel_takes_only_what_fits_in_registers():
     s = torch.zeros(1, 8)
     assert not L.kernel_takes(s, 2, 12)  # 144 candidates a depth > MAX_CANDIDATES
-    if not L._interpreted():
+    if not INTERP:
         assert not L.kernel_takes(s, 2, 8)  # CPU tensors without the interpreter keep the reference
 
 
 def test_kernel_cases_in_interpreter():
     # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
-    if L._interpreted() or torch.cuda.is_available() or L.triton is None:
+    if INTERP or torch.cuda.is_available() or L.triton is None:
         pytest.skip("the kernel cases run in this process")
     run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

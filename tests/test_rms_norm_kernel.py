@@ -9,9 +9,12 @@ import pytest
 import torch
 from helpers import run_kernel_cases_in_interpreter
 
+from sglang_specpilot.kernels.launch import interpreted
+
 R = importlib.import_module("sglang_specpilot.kernels.rms_norm")
 
-HERE = R.triton is not None and (torch.cuda.is_available() or R.os.environ.get("TRITON_INTERPRET") == "1")
+INTERP = R.triton is not None and interpreted(R._rms_norm_kernel)
+HERE = INTERP or torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
 

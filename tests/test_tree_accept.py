@@ -11,11 +11,13 @@ import pytest
 import torch
 from helpers import run_kernel_cases_in_interpreter
 
+from sglang_specpilot.kernels.launch import interpreted
 from tree_verify import ancestor_mask
 
 A = importlib.import_module("sglang_specpilot.kernels.tree_accept")
 
-HERE = A.triton is not None and (torch.cuda.is_available() or A.os.environ.get("TRITON_INTERPRET") == "1")
+INTERP = A.triton is not None and interpreted(A._accept_kernel)
+HERE = INTERP or torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
 

@@ -11,11 +11,13 @@ import pytest
 import torch
 from helpers import run_kernel_cases_in_interpreter
 
+from sglang_specpilot.kernels.launch import interpreted
 from tree_verify import Lattice, best_first
 
 T = importlib.import_module("sglang_specpilot.kernels.tree_build")
 
-HERE = T.triton is not None and (T._runs_here(torch.zeros(1)) or torch.cuda.is_available())
+INTERP = T.triton is not None and interpreted(T._masks_kernel)
+HERE = INTERP or torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
 
@@ -108,7 +110,7 @@ def test_kernel_tree_round_equals_the_pytorch_round(monkeypatch, shape):
 
 def test_kernel_cases_in_interpreter():
     # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
-    if T._runs_here(torch.zeros(1)) or torch.cuda.is_available() or T.triton is None:
+    if INTERP or torch.cuda.is_available() or T.triton is None:
         pytest.skip("the kernel cases run in this process")
     run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")
 

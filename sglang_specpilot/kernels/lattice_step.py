@@ -22,10 +22,11 @@ drafter) give some valid pick rather than torch.sort's order; the verify pass ju
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
+
+from .launch import runs_on
 
 try:
     import triton
@@ -158,11 +159,7 @@ def lattice_children(scores, logprobs, tokens, base, lp, tok, d2t, lo: int) -> N
 def kernel_takes(scores: torch.Tensor, d: int, k: int) -> bool:
     """Whether ``lattice_select`` runs the kernel here (a GPU or the interpreter, a depth that fits)."""
     n = k if d == 1 else k * k
-    return triton is not None and n <= MAX_CANDIDATES and (scores.is_cuda or _interpreted())
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return n <= MAX_CANDIDATES and runs_on(scores, _select_kernel if triton is not None else None)
 
 
 def lattice_select(scores, tokens, parents, vis, expanded_by, seq_len, d: int, k: int) -> Selection:

@@ -11,11 +11,10 @@ the verify pass decides every emitted token.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..models.llama import rms_norm as rms_norm_ref
+from .launch import runs_on
 
 try:
     import triton
@@ -44,7 +43,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``models.llama.rms_norm(x, weight, eps)`` in one launch where Triton runs (a GPU or the interpreter),
     x and weight of one dtype and a row of at most ``MAX_FEATURES``; the reference elsewhere."""
     H = x.shape[-1]
-    here = triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    here = runs_on(x, _rms_norm_kernel if triton is not None else None)
     # float64 stays eager: its weight product runs in float64 there, in float32 here.
     if not here or weight.dtype != x.dtype or x.dtype == torch.float64 or H > MAX_FEATURES or weight.shape != (H,):
         return rms_norm_ref(x, weight, eps)

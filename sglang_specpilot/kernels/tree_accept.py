@@ -15,11 +15,11 @@ last one.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from tree_verify import GreedyAccept, accept_greedy_batched
+
+from .launch import runs_on
 
 try:
     import triton
@@ -89,7 +89,7 @@ def padded_path(res, D: int) -> torch.Tensor:
 def accept_greedy_tree(parents, tokens, target_argmax, anc, D: int) -> tuple[GreedyAccept, torch.Tensor]:
     """``accept_greedy_tree_ref`` in one launch where Triton runs (a GPU or the interpreter) and N fits."""
     B, N = tokens.shape
-    here = triton is not None and (tokens.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    here = runs_on(tokens, _accept_kernel if triton is not None else None)
     if not here or N > MAX_NODES or anc.dtype != torch.bool:
         return accept_greedy_tree_ref(parents, tokens, target_argmax, anc, D)
     dev = tokens.device

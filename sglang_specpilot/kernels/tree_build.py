@@ -19,11 +19,11 @@ writes the [N + 1, N + 1] ancestor-or-self mask and each entry's depth (its mask
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from tree_verify import DraftTree, Lattice, ancestor_mask, best_first
+
+from .launch import runs_on
 
 try:
     import triton
@@ -36,7 +36,7 @@ MAX_MASK_NODES = 127  # tree nodes tree_masks takes (a [128, 128] mask in regist
 
 
 def _runs_here(t: torch.Tensor) -> bool:
-    return triton is not None and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    return runs_on(t, _masks_kernel if triton is not None else None)
 
 
 if triton is not None:
