@@ -59,11 +59,11 @@ def test_greedy_equals_ar(kind, lengths):
 )
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_kernel_greedy_with_the_tree_kernels_equals_ar(monkeypatch, kind):
-    # SPECPILOT_TREE_KERNELS=1: the lattice, tree, mask and acceptance kernels and the head's fused norm (which
+    # SPECPILOT_ROUND_KERNELS=1: the lattice, tree, mask and acceptance kernels and the head's fused norm (which
     # may move the drafter's numbers by an ulp: the drafts, never the output); a reduced draft vocabulary.
-    from sglang_specpilot.engine import draft_tree
+    from sglang_specpilot.kernels import launch
 
-    monkeypatch.setattr(draft_tree, "TREE_KERNELS", True)
+    monkeypatch.setattr(launch, "ROUND_KERNELS", True)
     target = tiny_model("tiny-llama", vocab_size=V)
     ps = prompts([5, 11, 3], V, seed=3)
     eng = _engine(target, _drafter(target, vocab=[0, 2, 3, 5, 7, 8, 11]), kind)

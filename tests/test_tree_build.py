@@ -92,14 +92,16 @@ def test_kernel_tree_round_equals_the_pytorch_round(monkeypatch, shape):
     from helpers import WordTokenizer, prompts, tiny_model
 
     from sglang_specpilot.config import EngineOptions
-    from sglang_specpilot.engine import Engine, SamplingParams, draft_tree
+    from sglang_specpilot.engine import Engine, SamplingParams
+    from sglang_specpilot.kernels import launch, rms_norm
 
     target = tiny_model("tiny-llama")
     ps = prompts([5, 13, 9], target.cfg.vocab_size, seed=2)
     budget, depth, top_k = shape
+    monkeypatch.setattr(rms_norm, "rms_norm", rms_norm.rms_norm_ref)  # rounds its own way: its own tests
     out = {}
     for on in (False, True):
-        monkeypatch.setattr(draft_tree, "TREE_KERNELS", on)
+        monkeypatch.setattr(launch, "ROUND_KERNELS", on)
         tree = dict(tree_budget=budget, tree_depth=depth, tree_top_k=top_k)
         o = EngineOptions(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", **tree)
         eng = Engine(target, WordTokenizer(), o, target.truncated(2))
@@ -118,18 +120,20 @@ def test_kernel_cases_in_interpreter():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a captured, compiled round runs on a GPU only")
 def test_captured_tree_round_with_the_kernels_equals_the_pytorch_round(monkeypatch):
-    # The default GPU path (CUDA graphs, compiled blocks) with SPECPILOT_TREE_KERNELS on and off, greedy, at
+    # The default GPU path (CUDA graphs, compiled blocks) with SPECPILOT_ROUND_KERNELS on and off, greedy, at
     # mixed prompt lengths and batch 3: the same tokens and the same accepted nodes.
     from helpers import WordTokenizer, prompts, tiny_model
 
     from sglang_specpilot.config import EngineOptions
-    from sglang_specpilot.engine import Engine, SamplingParams, draft_tree
+    from sglang_specpilot.engine import Engine, SamplingParams
+    from sglang_specpilot.kernels import launch, rms_norm
 
     target = tiny_model("tiny-llama").cuda()
     ps = prompts([5, 17, 9], target.cfg.vocab_size, seed=1)
+    monkeypatch.setattr(rms_norm, "rms_norm", rms_norm.rms_norm_ref)  # rounds its own way: its own tests
     out = {}
     for on in (False, True):
-        monkeypatch.setattr(draft_tree, "TREE_KERNELS", on)
+        monkeypatch.setattr(launch, "ROUND_KERNELS", on)
         tree = dict(tree_budget=32, tree_depth=6, tree_top_k=8)
         o = EngineOptions(max_seq_len=256, max_batch_size=4, graph_batch_sizes=(1, 2, 4), device="cuda",
                           dtype="float32", compile=True, cuda_graphs=True, **tree)  # fmt: skip

@@ -2,8 +2,9 @@
 read at import, and baked into compiled blocks and captured graphs), the variants alternated, ``--reps`` runs
 each; one JSON with every run's round times and the median of the runs' medians per variant and system.
 
-    python benchmarks/probes/round_ab.py --variant on:SPECPILOT_TREE_KERNELS=1 --variant off:SPECPILOT_TREE_KERNELS=0 \
-        --systems ar,chain6,tree32d6 --out $OUT/tree_kernels_ab.json -- --target smollm2 --model /tmp/smol.gguf
+    python benchmarks/probes/round_ab.py --variant on:SPECPILOT_ROUND_KERNELS=1 \
+        --variant off:SPECPILOT_ROUND_KERNELS=0 --systems ar,chain6,tree32d6 --out $OUT/round_kernels_ab.json \
+        -- --target smollm2 --model /tmp/smol.gguf
 
 Arguments after ``--`` go to round_profile.py as they are.
 """

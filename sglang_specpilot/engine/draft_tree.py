@@ -19,12 +19,12 @@ accepted node except the last was expanded and its K/V already saw exactly its a
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from tree_verify import Lattice
 
+from ..kernels import launch
 from ..kernels.lattice_step import lattice_children, lattice_children_ref, lattice_select, lattice_select_ref
 from ..kernels.rms_norm import rms_norm as fused_rms_norm
 from .attn_meta import causal_tree
@@ -35,14 +35,6 @@ try:  # Triton is optional on CPU-only installs: then the draft picks stay torch
     from ..kernels.topk_logprobs import topk_logprobs
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     greedy_pick = topk_logprobs = None
-
-
-# The tree round's bookkeeping kernels, off until the H200 has timed them (benchmarks/device/tree_kernels_ab.sh):
-# SPECPILOT_TREE_KERNELS=1 runs a lattice depth's selection and its children's writes as one launch each
-# (kernels/lattice_step.py), the best-first tree and its verify masks as one each (kernels/tree_build.py),
-# greedy acceptance as one (kernels/tree_accept.py), and the EAGLE-3 head's norm as one (kernels/rms_norm.py,
-# chains too), where PyTorch runs ~30 kernels a depth and ~65 for the tree. Read at call time (tests switch it).
-TREE_KERNELS = os.environ.get("SPECPILOT_TREE_KERNELS", "0") == "1"
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -123,7 +115,9 @@ def expand_lattice(
     scores = torch.empty(B, C, dtype=lp.dtype, device=dev)
     logprobs = torch.empty(B, C, dtype=lp.dtype, device=dev)
     tokens = torch.empty(B, C, dtype=torch.long, device=dev)
-    select, write = (lattice_select, lattice_children) if TREE_KERNELS else (lattice_select_ref, lattice_children_ref)
+    select, write = (
+        (lattice_select, lattice_children) if launch.ROUND_KERNELS else (lattice_select_ref, lattice_children_ref)
+    )
     write(scores, logprobs, tokens, torch.zeros_like(lp[:, :1]), lp[:, None], tok[:, None], d2t, 0)
     parents = torch.full((B, E), -1, dtype=torch.long, device=dev)
     # vis[b, e, e'] = expansion e' is e or one of its ancestors (slot seq_len + e' is visible to e).
@@ -210,7 +204,7 @@ def _draft_root(runner, history, seq_len, next_tok, kv_len, features, sampled: b
     # over the target's whole vocabulary cost 13.5 us a depth on the H200 for SmolLM2's 49,152. Sampling
     # needs the distribution over target ids.
     head = drafter.target_logits if sampled else drafter.logits
-    if TREE_KERNELS and not sampled:
+    if launch.ROUND_KERNELS and not sampled:
         head = functools.partial(_normed_head, drafter)
     d2t = drafter.d2t if not sampled and drafter.spec.draft_vocab != drafter.spec.target_vocab else None
     return head(h_root), h_root, head, d2t

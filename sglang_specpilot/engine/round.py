@@ -30,9 +30,9 @@ import torch
 
 from tree_verify import accept_sampling_batched, best_first
 
+from ..kernels import launch
 from ..kernels.tree_accept import accept_greedy_tree, accept_greedy_tree_ref, padded_path
 from ..kernels.tree_build import best_first_tree, tree_masks, tree_masks_ref
-from . import draft_tree
 from .attn_meta import causal_tree
 from .draft_tree import commit_draft, draft_chain, expand_lattice
 from .ngram import ngram_draft
@@ -167,7 +167,7 @@ class Round:
         lattice, expanded_by, qs = expand_lattice(self.draft, hist, seq, nxt, D, K, kv_len, sample, features)
         if self.shape.chain:  # the lattice of a chain is the chain: candidate i is draft token i + 1
             return lattice.tokens[:, :, 0], None, None, None, qs
-        tree = best_first_tree(lattice, N) if draft_tree.TREE_KERNELS else best_first(lattice, N)
+        tree = best_first_tree(lattice, N) if launch.ROUND_KERNELS else best_first(lattice, N)
         accept = tree.tokens
         if self.shared_budget is not None and use is not None:  # one budget over the batch: padding is -1
             accept = torch.where(shared_keep(tree.scores, use, self.shared_budget), tree.tokens, -1)
@@ -255,7 +255,7 @@ class Round:
         if parents is None:
             anc, depth = self._chain_anc, self._chain_depth
         else:
-            anc, depth = (tree_masks if draft_tree.TREE_KERNELS else tree_masks_ref)(parents, D)
+            anc, depth = (tree_masks if launch.ROUND_KERNELS else tree_masks_ref)(parents, D)
         if feats_out is None:
             logits = self.target.forward(block, seq[:, None] + depth, slots, seq, anc, kv_len)
         else:  # the features come out of the same pass: no extra forward
@@ -280,7 +280,7 @@ class Round:
         else:
             # Path of D + 1 entries, padded by repeating the last accepted one (lands past the new end).
             if bs.all_greedy:
-                accept = accept_greedy_tree if draft_tree.TREE_KERNELS else accept_greedy_tree_ref
+                accept = accept_greedy_tree if launch.ROUND_KERNELS else accept_greedy_tree_ref
                 res, path = accept(parents, accept_tokens, target, anc, D)
             else:
                 res = accept_sampling_batched(

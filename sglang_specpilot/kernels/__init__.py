@@ -1,7 +1,5 @@
-"""Triton kernels, each with a launcher and a plain PyTorch reference (see STYLE.md)."""
+"""Triton kernels, each with a launcher and a plain PyTorch reference (see STYLE.md), one module a kernel.
 
-from .gdn_tree_wy import gdn_tree_wy, gdn_tree_wy_ref
-from .gemv import gemv, gemv_ref
-from .tree_attention import tree_attention, tree_attention_ref
-
-__all__ = ["gdn_tree_wy", "gdn_tree_wy_ref", "gemv", "gemv_ref", "tree_attention", "tree_attention_ref"]
+Nothing is imported here: the engine imports kernel modules (and ``launch``) on CPU-only installs without
+Triton too, where each kernel module keeps its reference, and an eager import of a Triton kernel would fail.
+"""

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import launch as _launch
 from . import linear as _linear
 from .config import ModelConfig
 from .linear import Linear, fused_down_projection, fuses_norm, normed_linear, residual_linear, swiglu_linear
@@ -241,10 +242,19 @@ class Transformer(nn.Module):
                 feats.append(x)
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        logits = self.lm_head(self.norm(x))
+        logits = self.lm_head(self._final_norm(x))
         if feature_layers is None:
             return logits
         return logits, torch.cat(feats, -1)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        # Outside the compiled blocks the norm runs eagerly, eight kernels; SPECPILOT_ROUND_KERNELS=1 runs it as
+        # one (kernels/rms_norm.py: the same two roundings, the mean's sum in another order), in every pass.
+        if _launch.ROUND_KERNELS:
+            from ..kernels.rms_norm import rms_norm as fused_rms_norm
+
+            return fused_rms_norm(x, self.norm.weight, self.norm.eps)
+        return self.norm(x)
 
     # ---- weights -------------------------------------------------------------------------------
     @torch.no_grad()
