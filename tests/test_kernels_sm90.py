@@ -11,7 +11,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from sglang_specpilot.kernels import lattice_step, rms_norm, skinny_gemm, tree_accept, tree_build  # noqa: E402
+from sglang_specpilot.kernels import embed_rope, lattice_step, rms_norm, skinny_gemm, tree_accept, tree_build  # noqa: E402
 from sglang_specpilot.kernels.launch import interpreted  # noqa: E402
 
 P, F32, BF16 = "*i64", "*fp32", "*bf16"
@@ -62,13 +62,19 @@ _SELECT_SIG = {
 
 @pytest.mark.parametrize(
     "name",
-    ["rms_norm", "lattice_select", "lattice_children", "best_first_tree", "tree_masks", "tree_accept"],
+    ["rms_norm", "lattice_select", "lattice_children", "best_first_tree", "tree_masks", "tree_accept", "embed_rope"],
 )
 def test_round_kernels_compile_for_sm90(name):
     # At the tree round's shapes (budget 32, depth 6, top-k 8: 41 expansions, 328 candidates).
     _needs_compiler()
     fn, sig, const = {
         "rms_norm": (rms_norm._rms_norm_kernel, _NORM_SIG, {"BLOCK": 1024}),
+        "embed_rope": (
+            embed_rope._embed_rope_kernel,
+            {"tok_ptr": P, "pos_ptr": P, "emb_ptr": BF16, "g_ptr": BF16, "rope_ptr": F32, "x_ptr": BF16, "cs_ptr": BF16,
+             **{n: "i32" for n in ("N", "H", "H2", "D2", "stride_tb", "stride_tn", "stride_pb", "stride_pn")}},
+            {"HAS_G": True, "BH": 1024, "BG": 2048, "BR": 128},
+        ),
         "lattice_select": (lattice_step._select_kernel, _SELECT_SIG, {"K": 8, "NP": 64, "KP": 16, "EP": 64}),
         "lattice_children": (
             lattice_step._children_kernel,

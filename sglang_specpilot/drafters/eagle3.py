@@ -38,6 +38,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..kernels import launch
 from ..models.config import ModelConfig
 from ..models.linear import Linear
 from ..models.llama import MLP, Attention, RMSNorm, Transformer, run_block
@@ -197,8 +198,13 @@ class Eagle3Drafter(nn.Module):
 
     def _layer_inputs(self, tokens, positions, g):
         """(x2 = cat(embedding, g), rope cos, sin, batch index) that the layer reads."""
-        x2 = torch.cat([self.embed(tokens), g.to(self.fc.weight.dtype)], -1)
-        cs = self.rope[positions].to(x2.dtype)
+        if launch.ROUND_KERNELS:  # the gathers, the concat and the casts in one launch (kernels/embed_rope.py)
+            from ..kernels.embed_rope import embed_rope
+
+            x2, cs = embed_rope(tokens, positions, self.embed.weight, self.rope, g, self.fc.weight.dtype)
+        else:
+            x2 = torch.cat([self.embed(tokens), g.to(self.fc.weight.dtype)], -1)
+            cs = self.rope[positions].to(x2.dtype)
         batch_idx = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
         return x2, cs[:, :, 0, None], cs[:, :, 1, None], batch_idx
 

@@ -19,8 +19,9 @@ except ImportError:  # pragma: no cover - CPU-only installs without triton
 # The round's small-op kernels, off until the H200 has timed them (benchmarks/device/round_kernels_ab.sh):
 # SPECPILOT_ROUND_KERNELS=1 runs a lattice depth's selection and its children's writes as one launch each
 # (lattice_step.py), the best-first tree and its verify masks as one each (tree_build.py), greedy tree
-# acceptance as one (tree_accept.py), and the EAGLE-3 head's and the target's final RMSNorm as one each
-# (rms_norm.py), where PyTorch runs ~30 kernels a draft depth, ~65 for the tree and 8 a norm. Read at call time
+# acceptance as one (tree_accept.py), the EAGLE-3 head's and the target's final RMSNorm as one each
+# (rms_norm.py), and a forward's embedding, feature concat and rope rows as one (embed_rope.py), where PyTorch
+# runs ~30 kernels a draft depth, ~65 for the tree, 8 a norm and 4-5 a forward's inputs. Read at call time
 # (tests switch it).
 ROUND_KERNELS = os.environ.get("SPECPILOT_ROUND_KERNELS", "0") == "1"
 

@@ -230,8 +230,13 @@ class Transformer(nn.Module):
             (logits, features [B, N, len(feature_layers) * hidden])
         """
         B = tokens.shape[0]
-        x = self.embed(tokens)
-        cs = self.rope[positions].to(x.dtype)  # [B, N, 2, D]
+        if _launch.ROUND_KERNELS:  # the gathers and the cast in one launch (kernels/embed_rope.py)
+            from ..kernels.embed_rope import embed_rope
+
+            x, cs = embed_rope(tokens, positions, self.embed.weight, self.rope)
+        else:
+            x = self.embed(tokens)
+            cs = self.rope[positions].to(x.dtype)  # [B, N, 2, D]
         cos, sin = cs[:, :, 0, None], cs[:, :, 1, None]
         batch_idx = torch.arange(B, device=tokens.device)[:, None]
         run = layer_fn or run_block
