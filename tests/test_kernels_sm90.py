@@ -11,7 +11,15 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from sglang_specpilot.kernels import embed_rope, lattice_step, rms_norm, skinny_gemm, tree_accept, tree_build  # noqa: E402
+from sglang_specpilot.kernels import (  # noqa: E402
+    embed_rope,
+    gemv,
+    lattice_step,
+    rms_norm,
+    skinny_gemm,
+    tree_accept,
+    tree_build,
+)
 from sglang_specpilot.kernels.launch import interpreted  # noqa: E402
 
 P, F32, BF16 = "*i64", "*fp32", "*bf16"
@@ -135,3 +143,29 @@ def test_the_unfitted_swiglu_config_is_the_one_the_h200_refused():
     assert raw.num_stages == 5
     k, _ = _skinny(20, 1536, 576, swiglu=True, residual=False, cfg=raw)
     assert k.metadata.shared == 245760 > skinny_gemm.SMEM_BYTES
+
+
+_GEMV_SIG = {
+    "x_ptr": BF16, "w_ptr": BF16, "b_ptr": BF16, "y_ptr": BF16, "res_ptr": BF16, "nw_ptr": BF16,
+    **{n: "i32" for n in ("N", "K", "stride_xm", "stride_wn", "stride_ym")}, "eps": "fp32",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fusion,N,K",
+    [
+        ("norm", 960, 576),  # SmolLM2's qkv with the rms_norm prologue
+        ("residual", 576, 576),  # its o projection with the residual epilogue
+        ("silu_residual", 576, 1536),  # its down projection: silu_mul prologue, residual epilogue
+        ("plain", 6144, 4096),  # the 8B's qkv
+    ],
+)
+def test_decode_gemv_variants_compile_for_sm90(fusion, N, K):
+    # The one-row GEMV's fused variants the decode layer runs, with PDL, at the default tile.
+    _needs_compiler()
+    cfg = gemv.pick_config(1)
+    const = {"ROWS": 1, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "HAS_BIAS": False,
+             "EVEN_K": K % cfg.block_k == 0, "NUM_STAGES": cfg.num_stages, "SILU": "silu" in fusion,
+             "HAS_RES": "residual" in fusion, "NORM": fusion == "norm", "USE_PDL": True}  # fmt: skip
+    k = _compile(gemv._gemv_kernel, _GEMV_SIG, const, cfg.num_warps, 1, ("N", "K", "stride_xm", "stride_wn"))
+    assert "cubin" in k.asm and k.metadata.shared <= skinny_gemm.SMEM_BYTES
