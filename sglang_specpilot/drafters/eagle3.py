@@ -41,7 +41,7 @@ from torch import nn
 from ..kernels import launch
 from ..models.config import ModelConfig
 from ..models.linear import Linear
-from ..models.llama import MLP, Attention, RMSNorm, Transformer, run_block
+from ..models.llama import MLP, Attention, RMSNorm, Transformer, eager_norm, run_block
 
 MARKER = "specpilot_drafter.json"
 WEIGHTS = "model.safetensors"
@@ -209,8 +209,9 @@ class Eagle3Drafter(nn.Module):
         return x2, cs[:, :, 0, None], cs[:, :, 1, None], batch_idx
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [.., draft_vocab] of hidden states h."""
-        return self.lm_head(self.norm(h))
+        """Draft-vocabulary logits [.., draft_vocab] of hidden states h (the norm outside the compiled blocks:
+        one launch under SPECPILOT_ROUND_KERNELS=1, ``models.llama.eager_norm``)."""
+        return self.lm_head(eager_norm(self.norm, h))
 
     def target_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits over the target vocabulary [.., V]: the draft vocabulary's, -inf elsewhere (so a top-k

@@ -26,7 +26,6 @@ from tree_verify import Lattice
 
 from ..kernels import launch
 from ..kernels.lattice_step import lattice_children, lattice_children_ref, lattice_select, lattice_select_ref
-from ..kernels.rms_norm import rms_norm as fused_rms_norm
 from .attn_meta import causal_tree
 from .runner import ModelRunner
 
@@ -111,7 +110,6 @@ def expand_lattice(
     # The lattice in buffers the depths fill in place (candidate c = e * k + j is child j of expansion e).
     C = E * k
     lp, tok = children(logits)
-    d2t = d2t if features is not None else None
     scores = torch.empty(B, C, dtype=lp.dtype, device=dev)
     logprobs = torch.empty(B, C, dtype=lp.dtype, device=dev)
     tokens = torch.empty(B, C, dtype=torch.long, device=dev)
@@ -204,15 +202,8 @@ def _draft_root(runner, history, seq_len, next_tok, kv_len, features, sampled: b
     # over the target's whole vocabulary cost 13.5 us a depth on the H200 for SmolLM2's 49,152. Sampling
     # needs the distribution over target ids.
     head = drafter.target_logits if sampled else drafter.logits
-    if launch.ROUND_KERNELS and not sampled:
-        head = functools.partial(_normed_head, drafter)
     d2t = drafter.d2t if not sampled and drafter.spec.draft_vocab != drafter.spec.target_vocab else None
     return head(h_root), h_root, head, d2t
-
-
-def _normed_head(drafter, h: torch.Tensor) -> torch.Tensor:
-    # The drafter's ``logits`` with its norm in one launch (kernels/rms_norm.py) instead of eight eager kernels.
-    return drafter.lm_head(fused_rms_norm(h, drafter.norm.weight, drafter.norm.eps))
 
 
 def _eagle_root(runner, history, seq_len, next_tok, feats, n_prev, kv_len) -> torch.Tensor:

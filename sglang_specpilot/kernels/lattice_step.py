@@ -146,7 +146,7 @@ def lattice_children_ref(scores, logprobs, tokens, base, lp, tok, d2t, lo: int) 
 
 def lattice_children(scores, logprobs, tokens, base, lp, tok, d2t, lo: int) -> None:
     """``lattice_children_ref`` in one launch where the kernel runs (the same sums: one fp add each)."""
-    if not kernel_takes(scores, 1, 1) or lp.dtype != scores.dtype:
+    if not runs_on(scores, _children_kernel if triton is not None else None) or lp.dtype != scores.dtype:
         return lattice_children_ref(scores, logprobs, tokens, base, lp, tok, d2t, lo)
     B, n, k = lp.shape
     lp, tok, base = lp.contiguous(), tok.contiguous(), base.contiguous()

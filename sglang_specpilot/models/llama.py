@@ -50,6 +50,17 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def eager_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm outside the compiled blocks (the target's final norm, the EAGLE-3 head's): eight eager kernels,
+    or one under SPECPILOT_ROUND_KERNELS=1 (kernels/rms_norm.py: the same two roundings, the mean's sum in
+    another order), in every pass."""
+    if not _launch.ROUND_KERNELS:
+        return norm(x)
+    from ..kernels.rms_norm import rms_norm as fused_rms_norm  # here: kernels/rms_norm.py imports this module
+
+    return fused_rms_norm(x, norm.weight, norm.eps)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -247,19 +258,10 @@ class Transformer(nn.Module):
                 feats.append(x)
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        logits = self.lm_head(self._final_norm(x))
+        logits = self.lm_head(eager_norm(self.norm, x))
         if feature_layers is None:
             return logits
         return logits, torch.cat(feats, -1)
-
-    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        # Outside the compiled blocks the norm runs eagerly, eight kernels; SPECPILOT_ROUND_KERNELS=1 runs it as
-        # one (kernels/rms_norm.py: the same two roundings, the mean's sum in another order), in every pass.
-        if _launch.ROUND_KERNELS:
-            from ..kernels.rms_norm import rms_norm as fused_rms_norm
-
-            return fused_rms_norm(x, self.norm.weight, self.norm.eps)
-        return self.norm(x)
 
     # ---- weights -------------------------------------------------------------------------------
     @torch.no_grad()
