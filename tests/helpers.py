@@ -86,6 +86,31 @@ def run_kernel_cases_in_interpreter(test_file: str, keyword: str) -> None:
     assert "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
 
 
+def kernel_cases(test_file: str, module, kernel: str):
+    """A Triton kernel test file's set-up: (interpreted, device, the ``kernel_case`` mark, and the test that
+    runs the file's ``kernel_`` cases in a child interpreter process where this one cannot run them).
+
+    ``module`` is the kernel module (its ``triton`` None where Triton is missing), ``kernel`` the name of one
+    of its ``@triton.jit`` functions: whether that is an interpreted function says whether TRITON_INTERPRET=1
+    was set before triton's import here."""
+    import pytest
+
+    from sglang_specpilot.kernels.launch import interpreted
+
+    has_triton = getattr(module, "triton", None) is not None
+    interp = has_triton and interpreted(getattr(module, kernel))
+    here = interp or torch.cuda.is_available()
+    case = pytest.mark.skipif(not here, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
+
+    def test_kernel_cases_in_interpreter():
+        # The kernel cases, in a child process with TRITON_INTERPRET=1 (set before triton's import).
+        if here or not has_triton:
+            pytest.skip("the kernel cases run in this process")
+        run_kernel_cases_in_interpreter(test_file, "kernel_ and not interpreter")
+
+    return interp, "cuda" if torch.cuda.is_available() else "cpu", case, test_kernel_cases_in_interpreter
+
+
 # ---------------------------------------------------------------------------------------------------------
 # W12 kernels (test_w12_kernels.py, test_w12_mma.py)
 # ---------------------------------------------------------------------------------------------------------

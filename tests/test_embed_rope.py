@@ -8,17 +8,13 @@ import importlib
 
 import pytest
 import torch
-from helpers import run_kernel_cases_in_interpreter
+from helpers import kernel_cases
 
-from sglang_specpilot.kernels.launch import interpreted
 from sglang_specpilot.models.rope import rope_table
 
 K = importlib.import_module("sglang_specpilot.kernels.embed_rope")
 
-INTERP = K.triton is not None and interpreted(K._embed_rope_kernel)
-HERE = INTERP or torch.cuda.is_available()
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
+INTERP, DEVICE, kernel_case, test_kernel_cases_in_interpreter = kernel_cases(__file__, K, "_embed_rope_kernel")
 
 
 @kernel_case
@@ -45,10 +41,3 @@ def test_kernel_embed_rope_equals_the_eager_ops(dtype, features):
     tok_t = tokens.t().contiguous().t()
     x2, cs2 = K.embed_rope(tok_t, pos, embed, rope, feats, dtype)
     assert torch.equal(x2, rx) and torch.equal(cs2[:, 1], cs2[:, 0]) and not torch.equal(cs2, cs)
-
-
-def test_kernel_cases_in_interpreter():
-    # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
-    if HERE or K.triton is None:
-        pytest.skip("the kernel cases run in this process")
-    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

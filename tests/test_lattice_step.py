@@ -9,16 +9,11 @@ import importlib
 
 import pytest
 import torch
-from helpers import run_kernel_cases_in_interpreter, tiny_model
-
-from sglang_specpilot.kernels.launch import interpreted
+from helpers import kernel_cases, tiny_model
 
 L = importlib.import_module("sglang_specpilot.kernels.lattice_step")
 
-INTERP = L.triton is not None and interpreted(L._select_kernel)
-HERE = INTERP or torch.cuda.is_available()
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
+INTERP, DEVICE, kernel_case, test_kernel_cases_in_interpreter = kernel_cases(__file__, L, "_select_kernel")
 
 
 def _lattice(B: int, depth: int, k: int, dtype, seed: int, upto: int):
@@ -120,10 +115,3 @@ def test_kernel_takes_only_what_fits_in_registers():
     assert not L.kernel_takes(s, 2, 12)  # 144 candidates a depth > MAX_CANDIDATES
     if not INTERP:
         assert not L.kernel_takes(s, 2, 8)  # CPU tensors without the interpreter keep the reference
-
-
-def test_kernel_cases_in_interpreter():
-    # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
-    if INTERP or torch.cuda.is_available() or L.triton is None:
-        pytest.skip("the kernel cases run in this process")
-    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

@@ -7,16 +7,11 @@ import importlib
 
 import pytest
 import torch
-from helpers import run_kernel_cases_in_interpreter
-
-from sglang_specpilot.kernels.launch import interpreted
+from helpers import kernel_cases
 
 R = importlib.import_module("sglang_specpilot.kernels.rms_norm")
 
-INTERP = R.triton is not None and interpreted(R._rms_norm_kernel)
-HERE = INTERP or torch.cuda.is_available()
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
+INTERP, DEVICE, kernel_case, test_kernel_cases_in_interpreter = kernel_cases(__file__, R, "_rms_norm_kernel")
 
 
 @kernel_case
@@ -45,10 +40,3 @@ def test_kernel_rms_norm_takes_a_strided_x_and_keeps_float64_eager():
     assert torch.allclose(R.rms_norm(x, w, 1e-6), R.rms_norm_ref(x, w, 1e-6), rtol=1e-6, atol=0)
     x64 = x.double()
     assert torch.equal(R.rms_norm(x64, w.double(), 1e-6), R.rms_norm_ref(x64, w.double(), 1e-6))
-
-
-def test_kernel_cases_in_interpreter():
-    # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
-    if HERE or R.triton is None:
-        pytest.skip("the kernel cases run in this process")
-    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

@@ -9,17 +9,13 @@ import importlib
 
 import pytest
 import torch
-from helpers import run_kernel_cases_in_interpreter
+from helpers import kernel_cases
 
-from sglang_specpilot.kernels.launch import interpreted
 from tree_verify import ancestor_mask
 
 A = importlib.import_module("sglang_specpilot.kernels.tree_accept")
 
-INTERP = A.triton is not None and interpreted(A._accept_kernel)
-HERE = INTERP or torch.cuda.is_available()
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
+INTERP, DEVICE, kernel_case, test_kernel_cases_in_interpreter = kernel_cases(__file__, A, "_accept_kernel")
 
 
 def _trees(B: int, N: int, seed: int, follow: float):
@@ -67,10 +63,3 @@ def test_kernel_accept_takes_the_earliest_of_equally_deep_paths():
     target = torch.tensor([[4, 9, 8]], device=DEVICE)
     res, path = A.accept_greedy_tree(parents, tokens, target, ancestor_mask(parents), 2)
     assert res.last.tolist() == [1] and res.bonus.tolist() == [9] and path.tolist() == [[0, 1, 1]]
-
-
-def test_kernel_cases_in_interpreter():
-    # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
-    if HERE or A.triton is None:
-        pytest.skip("the kernel cases run in this process")
-    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")

@@ -9,17 +9,13 @@ import importlib
 
 import pytest
 import torch
-from helpers import run_kernel_cases_in_interpreter
+from helpers import kernel_cases
 
-from sglang_specpilot.kernels.launch import interpreted
 from tree_verify import Lattice, best_first
 
 T = importlib.import_module("sglang_specpilot.kernels.tree_build")
 
-INTERP = T.triton is not None and interpreted(T._masks_kernel)
-HERE = INTERP or torch.cuda.is_available()
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPRET=1 before triton's import")
+INTERP, DEVICE, kernel_case, test_kernel_cases_in_interpreter = kernel_cases(__file__, T, "_masks_kernel")
 
 
 def _lattice(B: int, depth: int, k: int, seed: int, dtype=torch.float32) -> Lattice:
@@ -108,13 +104,6 @@ def test_kernel_tree_round_equals_the_pytorch_round(monkeypatch, shape):
         res = eng.generate(ps, SamplingParams(max_new_tokens=12, ignore_eos=True))
         out[on] = [r.token_ids for r in res], eng.batch.round_tokens
     assert out[True] == out[False]
-
-
-def test_kernel_cases_in_interpreter():
-    # The kernel cases above, in a child process with TRITON_INTERPRET=1 (set before triton's import).
-    if INTERP or torch.cuda.is_available() or T.triton is None:
-        pytest.skip("the kernel cases run in this process")
-    run_kernel_cases_in_interpreter(__file__, "kernel_ and not interpreter")
 
 
 @pytest.mark.gpu
