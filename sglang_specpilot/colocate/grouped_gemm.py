@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from ..kernels.launch import interpreted
 
 # Descriptor row layout (int64): one row per unit.
 D_MEMBER, D_TILE_M, D_TILE_N, D_K_LO, D_K_HI = 0, 1, 2, 3, 4
@@ -161,7 +162,7 @@ def _grouped_gemm_kernel(
         tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], acc.to(OUT_ELEM), mask=mask)
 
 
-INTERPRETED = isinstance(_grouped_gemm_kernel, InterpretedFunction)
+INTERPRETED = interpreted(_grouped_gemm_kernel)
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 

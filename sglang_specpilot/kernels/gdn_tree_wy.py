@@ -45,9 +45,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from ..models.gdn_ops import tree_wy
+from .launch import interpreted
 
 # The largest block the kernel takes: the verify tree (budget + 1 nodes) padded to a power of two. At 64
 # nodes the [T, T] work already fills one program's registers (the notes below); larger trees take the
@@ -241,8 +241,7 @@ def _gdn_tree_wy_kernel(
 # Launcher
 # ---------------------------------------------------------------------------------------------------------
 
-# TRITON_INTERPRET=1 counts only if it was set before triton was imported: ask the kernel.
-INTERPRETED = isinstance(_gdn_tree_wy_kernel, InterpretedFunction)
+INTERPRETED = interpreted(_gdn_tree_wy_kernel)
 
 
 def _num_sms(device: torch.device) -> int:

@@ -25,8 +25,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from .launch import interpreted
 from .pdl import uses_pdl
 
 MAX_ROWS = 4  # decode rows a launch takes (batch-1 decode is 1; a few rows of a small batch)
@@ -214,8 +214,7 @@ def _gemv_kernel(
         _row_store(y_ptr, 3, stride_ym, n, n_ok, acc3, b_ptr, res_ptr, HAS_BIAS, False)
 
 
-# TRITON_INTERPRET=1 counts only if it was set before triton was imported: ask the kernel.
-INTERPRETED = isinstance(_gemv_kernel, InterpretedFunction)
+INTERPRETED = interpreted(_gemv_kernel)
 
 
 def _launchable(kernel):

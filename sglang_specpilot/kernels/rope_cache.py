@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from .launch import interpreted
 from .pdl import uses_pdl
 
 
@@ -102,7 +102,7 @@ def _rope_cache_kernel(
         tl.store(dst + dims, tl.load(src + dims))
 
 
-INTERPRETED = isinstance(_rope_cache_kernel, InterpretedFunction)
+INTERPRETED = interpreted(_rope_cache_kernel)
 
 
 # An opaque custom op with undeclared cache writes (the module docstring says why).

@@ -34,8 +34,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from .launch import interpreted
 from .pdl import uses_pdl
 
 MIN_ROWS, MAX_ROWS = 2, 64  # row counts the kernel takes (one row is gemv.py's)
@@ -246,8 +246,7 @@ def _skinny_kernel(
             tl.atomic_xchg(counter_ptr + pid_n, 0)
 
 
-# TRITON_INTERPRET=1 counts only if it was set before triton was imported: ask the kernel.
-INTERPRETED = isinstance(_skinny_kernel, InterpretedFunction)
+INTERPRETED = interpreted(_skinny_kernel)
 
 
 def _launchable(kernel):

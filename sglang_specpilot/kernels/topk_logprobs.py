@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from .launch import interpreted
 
 CHUNK = 4096  # logits a program reads: 12 programs a row at SmolLM2's 49,152, 32 at Llama 3's 128,256
 LOW: tl.constexpr = tl.constexpr(0xFFFFFFFF)  # the key's low 32 bits hold LOW - index
@@ -87,7 +88,7 @@ def _topk_merge(
         tl.store(idx_ptr + row * K + j, tl.minimum(tl.maximum(idx, 0), V - 1))
 
 
-INTERPRETED = isinstance(_topk_chunks, InterpretedFunction)
+INTERPRETED = interpreted(_topk_chunks)
 
 
 def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

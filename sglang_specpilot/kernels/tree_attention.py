@@ -44,8 +44,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from .launch import interpreted
 from .pdl import uses_pdl
 
 # Measurements behind the constants below: the H200, Llama-3.1-8B attention (8 kv heads, G = 4, D = 128,
@@ -527,9 +527,7 @@ def _tree_attention_kernel(
 # Launcher
 # ---------------------------------------------------------------------------------------------------------
 
-# TRITON_INTERPRET=1 counts only if it was set before triton was imported (@triton.jit and triton's own
-# jit helpers read it then), so ask the kernel rather than the environment.
-INTERPRETED = isinstance(_tree_attention_kernel, InterpretedFunction)
+INTERPRETED = interpreted(_tree_attention_kernel)
 
 
 def _launchable(kernel):
