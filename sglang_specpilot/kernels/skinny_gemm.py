@@ -10,8 +10,9 @@ step took 1.30x the one-row step (rounds_h200.json, 1c734a8).
 The kernel, "swap-AB": the weights are the MMA's A operand (``BLOCK_N`` rows of W on its 64-row side) and
 the activations its B (``BLOCK_M`` = M rounded up to 16, 32 or 64), so one program reads a [BLOCK_N,
 BLOCK_K] tile of W per step through Triton's multi-stage cp.async pipeline and multiplies it by the
-[BLOCK_K, BLOCK_M] tile of x^T, accumulating [BLOCK_N, BLOCK_M] in fp32. Rows of x past M re-read row
-M - 1 and rows of W past N re-read row N - 1 (never stored), so the loop has no masks when BLOCK_K divides K.
+[BLOCK_K, BLOCK_M] tile of x^T, accumulating [BLOCK_N, BLOCK_M] in fp32. The tile's rows past M re-read
+rows ``m % M`` of x and rows of W past N re-read row N - 1 (never stored), so the loop has no masks when
+BLOCK_K divides K.
 
 Split-K (``split_k`` programs a tile, a run-time argument): a projection with few output tiles (the 8B's o
 and down: 4,096 outputs, 64 tiles of 64) would leave most SMs idle, so each tile's K range is cut into
@@ -198,10 +199,14 @@ def _skinny_kernel(
     per_split = tl.cdiv(k_steps, split_k)
     s0 = pid_k * per_split
     s1 = tl.minimum(s0 + per_split, k_steps)
-    # Rows of x past M re-read row M - 1 and rows of W past N re-read row N - 1 (never stored).
+    # The tile's rows past M re-read x's rows m % M (distinct addresses, each read at most BLOCK_M / M times),
+    # and rows of W past N re-read row N - 1; neither is stored. Not row M - 1 for all of them: 31 spare rows
+    # on one address made the 8B's projections 1.23-1.27x slower at 33 rows than 33 rows zero-padded to 64
+    # (qkv 33.1 vs 26.9 us, o 23.0 vs 18.2, gate_up 93.2 vs 73.5, down 58.6 vs 47.8; H200,
+    # skinny_rows_probe_h200.json, 1c55f25).
     w_ptrs = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_wn + ks[None, :]
     u_ptrs = w_ptrs + N * stride_wn  # SWIGLU: the up half's rows
-    x_ptrs = x_ptr + tl.minimum(ms, M - 1)[None, :] * stride_xm + ks[:, None]
+    x_ptrs = x_ptr + (ms % M)[None, :] * stride_xm + ks[:, None]
     # The peeled step is masked to this split's range (a last split may have no steps at all).
     k0 = s0 * BLOCK_K
     k_ok = ks < tl.minimum(K, s1 * BLOCK_K) - k0
