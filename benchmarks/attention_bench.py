@@ -176,7 +176,7 @@ def measure_attention(device: str = "cuda", old=None) -> dict:
         for nq in ROWS:
             q, seq_len, anc = make_step(nq, ctx, device)
             floor_us = LAYERS * live_bytes(nq, ctx) / bw / 1e3
-            cfg = ta.pick_config(1, nq * G, HKV, CAPACITY, DT.itemsize, ta._num_sms(device))
+            cfg = ta.pick_config(1, nq * G, HKV, CAPACITY, DT.itemsize, ta._num_sms(device), head_dim=D)
             row = {"rows": nq, "context": ctx, "floor_us": round(floor_us, 2), "config": cfg._asdict()}
             for name, fn in impls.items():
                 row[f"{name}_max_err"], row[f"{name}_close"] = check(fn, layers, q, seq_len, anc)
@@ -208,7 +208,7 @@ def _sweep_configs():
         ta = importlib.import_module("sglang_specpilot.kernels.tree_attention")
         out = {}
         for regime, nq in REGIME_ROWS.items():
-            first = ta.pick_config(1, nq * G, HKV, CAPACITY, DT.itemsize, ta.DEFAULT_NUM_SMS)
+            first = ta.pick_config(1, nq * G, HKV, CAPACITY, DT.itemsize, ta.DEFAULT_NUM_SMS, head_dim=D)
             tiles = (16,) if nq * G <= 16 else (32, 64, 128)
             rest = [first._replace(block_r=r, num_splits=n, num_warps=max(4, r // 16)) for r in tiles
                     for n in (1, 2, 4, 8, 16) if (r, n) != (first.block_r, first.num_splits)]  # fmt: skip

@@ -169,3 +169,38 @@ def test_decode_gemv_variants_compile_for_sm90(fusion, N, K):
              "HAS_RES": "residual" in fusion, "NORM": fusion == "norm", "USE_PDL": True}  # fmt: skip
     k = _compile(gemv._gemv_kernel, _GEMV_SIG, const, cfg.num_warps, 1, ("N", "K", "stride_xm", "stride_wn"))
     assert "cubin" in k.asm and k.metadata.shared <= skinny_gemm.SMEM_BYTES
+
+
+_ATT_SIG = {
+    "q_ptr": BF16, "k_ptr": BF16, "v_ptr": BF16, "seq_len_ptr": "*i64", "anc_ptr": "*i1", "o_ptr": BF16,
+    "part_o_ptr": F32, "part_lse_ptr": F32, "ticket_ptr": "*i32",
+    **{n: "i32" for n in ("stride_qb", "stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
+                          "stride_vs", "stride_vh", "stride_ob", "stride_on", "stride_oh", "stride_ab", "stride_ai",
+                          "stride_aj", "stride_seq", "num_kv_heads", "num_q", "num_win", "group", "num_row_tiles",
+                          "num_splits", "min_split_blocks")},
+    "qk_scale": "fp32",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,rows,kv_heads,head_dim,block_s,stages",
+    [
+        ("8b_decode", 4, 8, 128, None, None),  # the table's entries as they are
+        ("8b_tree", 256, 8, 128, None, None),
+        ("smollm2_tree", 99, 3, 64, None, None),
+        ("smollm2_tree_128", 99, 3, 64, 128, 3),  # the tree_d64 entry the H200 A/B tries
+    ],
+)
+def test_tree_attention_configs_fit_the_h200(name, rows, kv_heads, head_dim, block_s, stages):
+    from sglang_specpilot.kernels import tree_attention as ta
+
+    _needs_compiler()
+    cfg = ta.pick_config(1, rows, kv_heads, 4224, 2, 132, head_dim=head_dim)
+    cfg = cfg._replace(block_s=block_s or cfg.block_s, num_stages=stages or cfg.num_stages)
+    merge_splits = triton.next_power_of_2(cfg.num_splits)
+    const = {"HEAD_DIM": head_dim, "BLOCK_R": cfg.block_r, "BLOCK_S": cfg.block_s, "MERGE_SPLITS": merge_splits,
+             "MERGE_ROWS": 16, "DOT_PRECISION": "tf32", "UPCAST": False, "USE_PDL": True, "ONE_LOOP": False,
+             "BALANCED": False}  # fmt: skip
+    dims = ("stride_qb", "stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_vb", "stride_vs", "stride_ob")
+    k = _compile(ta._tree_attention_kernel, _ATT_SIG, const, cfg.num_warps, cfg.num_stages, dims)
+    assert "cubin" in k.asm and k.metadata.shared <= skinny_gemm.SMEM_BYTES, k.metadata.shared

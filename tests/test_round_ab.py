@@ -48,6 +48,12 @@ def test_variants_alternate_in_their_own_environment(tmp_path, monkeypatch):
 
 def test_a_variant_needs_a_name_and_a_setting():
     assert round_ab.parse_variant("on:X=1,Y=2") == ("on", {"X": "1", "Y": "2"})
+    # A value may hold commas: only ",VAR=" starts the next setting.
+    tuning = "tree_d64=64,64,128,4,3,0.5,8,2"
+    assert round_ab.parse_variant(f"b128:SPECPILOT_ATTENTION_TUNING={tuning},X=1") == (
+        "b128",
+        {"SPECPILOT_ATTENTION_TUNING": tuning, "X": "1"},
+    )
     for bad in ("on", ":X=1", "on:"):
         with pytest.raises(Exception, match="variant"):
             round_ab.parse_variant(bad)

@@ -171,6 +171,17 @@ def test_pick_config():
     assert pick_config(1, 256, 8, 4224, 2, 132, num_splits=7).num_splits == 7
 
 
+def test_small_heads_take_their_own_tree_entry(monkeypatch):
+    # Heads of 64 dims or fewer read TUNING["tree_d64"]; the 8B's 128-dim heads and decode never do.
+    from sglang_specpilot.kernels import tree_attention as ta
+
+    monkeypatch.setitem(ta.TUNING, "tree_d64", ta.TUNING["tree"]._replace(block_s=128, num_stages=2))
+    assert pick_config(1, 99, 3, 2112, 2, 132, head_dim=64)[1:6:4] == (128, 2)
+    assert pick_config(1, 99, 3, 2112, 2, 132, head_dim=128) == Config(64, 64, 2, 8, 4, 3)
+    assert pick_config(1, 9, 3, 2112, 2, 132, head_dim=64).block_s == ta.TUNING["decode"].block_s
+    assert ta._tuning_from_env("tree_d64=64,64,128,4,3,0.5,8,2")["tree_d64"].block_s == 128
+
+
 def test_row_block():
     assert row_block(1, 1, 8, 132) == 16  # tl.dot needs 16 rows
     assert row_block(24, 1, 8, 132) == 32

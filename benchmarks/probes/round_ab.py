@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -25,9 +26,10 @@ KEEP = ("round_ms_median", "kernels", "kernel_us", "by_category_us", "round_ms")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """``name:VAR=value,VAR=value`` -> (name, environment)."""
+    """``name:VAR=value,VAR=value`` -> (name, environment). A comma starts a new assignment only before an
+    upper-case ``VAR=``, so a value may hold commas (``SPECPILOT_ATTENTION_TUNING=tree_d64=64,64,128,...``)."""
     name, _, assigns = text.partition(":")
-    env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+    env = dict(a.split("=", 1) for a in re.split(r",(?=[A-Z_][A-Z0-9_]*=)", assigns) if a)
     if not name or not env:
         raise argparse.ArgumentTypeError(f"a variant is name:VAR=value[,VAR=value], got {text!r}")
     return name, env
