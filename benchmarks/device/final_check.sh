@@ -10,7 +10,7 @@ set -u
 timeout 90 python -m pytest -q tests/test_skinny_gemm.py 2>&1 | tail -2
 timeout 80 python benchmarks/probes/skinny_rows_probe.py --out $OUT/skinny_rows_probe.json 2>&1 | grep "M=" | cut -c1-62
 B128="tree_d64=64,64,128,4,3,0.5,8,2"
-timeout 200 python benchmarks/probes/round_ab.py --variant base:SPECPILOT_ATTENTION_TUNING= \
+timeout 230 python benchmarks/probes/round_ab.py --variant base:SPECPILOT_ATTENTION_TUNING= \
   --variant b128:SPECPILOT_ATTENTION_TUNING=$B128 --systems tree32d6 --timeout 90 \
   --out $OUT/attention_d64_ab.json -- --target smollm2 --model /tmp/smol.gguf --context 300 2>&1 | grep -v Warn | tail -5
 WIN=$(python - <<'PY'
@@ -21,5 +21,5 @@ PY
 )
 echo "winner: $WIN"
 if [ "$WIN" = b128 ]; then export SPECPILOT_ATTENTION_TUNING=$B128; fi
-timeout 150 python -m sglang_specpilot.cli bench rounds --parts real --model /tmp/smol.gguf --gamma 6 \
+timeout 140 python -m sglang_specpilot.cli bench rounds --parts real --model /tmp/smol.gguf --gamma 6 \
   --results-dir $OUT/rounds 2>&1 | grep -v Warn | tail -4
