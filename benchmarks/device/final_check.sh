@@ -1,14 +1,12 @@
 # One device call (after the GGUF's three parts have come): the verify GEMM's spare-row fix (x rows m % M,
 # kernels/skinny_gemm.py) checked and timed, an A/B of the tree attention entry for 64-dim heads, then the
-# rounds figures with the winner. The e2e suite follows in a second call (final_e2e.sh).
+# rounds figures with the winner. The e2e suite may follow in a second call (final_e2e.sh), budget allowing.
 # 1. The verify GEMM's GPU tests (every verify row count 2..64 on SmolLM2's projections and epilogues).
-# 2. benchmarks/probes/skinny_rows_probe.py again: M = 33 should now time as 33 rows zero-padded to 64.
-# 3. SmolLM2's tree-32 round with TUNING["tree_d64"] as the tree entry (base) against 128-slot blocks
+# 2. SmolLM2's tree-32 round with TUNING["tree_d64"] as the tree entry (base) against 128-slot blocks
 #    (b128), separate processes, alternated, two runs each, in $OUT/attention_d64_ab.json.
-# 4. The rounds suite's real part in $OUT/rounds, with b128 set if it won by 2% or more.
+# 3. The rounds suite's real part in $OUT/rounds, with b128 set if it won by 2% or more.
 set -u
 timeout 90 python -m pytest -q tests/test_skinny_gemm.py 2>&1 | tail -2
-timeout 80 python benchmarks/probes/skinny_rows_probe.py --out $OUT/skinny_rows_probe.json 2>&1 | grep "M=" | cut -c1-62
 B128="tree_d64=64,64,128,4,3,0.5,8,2"
 timeout 230 python benchmarks/probes/round_ab.py --variant base:SPECPILOT_ATTENTION_TUNING= \
   --variant b128:SPECPILOT_ATTENTION_TUNING=$B128 --systems tree32d6 --timeout 90 \
