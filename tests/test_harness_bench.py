@@ -216,3 +216,15 @@ def test_gpu_labels():
 )
 def test_format_metric(value, text):
     assert report.format_metric(value) == text
+
+
+def test_every_committed_result_names_its_commit_gpu_date_and_command():
+    """A measurement without its provenance cannot be re-run or compared (the standard: commit, GPU, versions,
+    command); two probe files once landed without a header and rendered as "commit unknown"."""
+    missing = {}
+    for path in sorted(COMMITTED.glob("*.json")):
+        doc = json.loads(path.read_text())
+        lacks = [k for k in ("commit", "gpu", "date", "command", "versions") if not doc.get(k)]
+        if lacks or str(doc.get("commit")) == "unknown":
+            missing[path.name] = lacks or ["commit"]
+    assert not missing, missing

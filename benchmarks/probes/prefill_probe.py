@@ -17,6 +17,7 @@ import io
 import json
 import os
 import pstats
+import sys
 import time
 from statistics import median
 
@@ -37,7 +38,11 @@ def main() -> None:
     opts = EngineOptions(model=args.model, synthetic=True, max_batch_size=1, max_seq_len=2048)
     target, _, tok, opts = load_engine_models(opts)
     eng = Engine(target, tok, opts)
-    out = {"model": args.model, "warmup_s": eng.warmup()}
+    from sglang_specpilot.harness.bench import provenance
+
+    command = "python benchmarks/probes/prefill_probe.py " + " ".join(sys.argv[1:])
+    out = {"suite": "prefill_probe", **provenance(), "command": command}
+    out.update({"model": args.model, "warmup_s": eng.warmup()})
     out["round_ms"] = median(_round_ms(eng, 30, 200))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (140 + 7 * i,), generator=g).tolist() for i in range(6)]

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 PROFILE = Path(__file__).with_name("round_profile.py")
 KEEP = ("round_ms_median", "kernels", "kernel_us", "by_category_us", "round_ms")
 
@@ -61,13 +63,11 @@ def main(argv=None) -> None:
                 print(f"{name} run {rep}: {res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ''}")
                 for system, r in json.loads(path.read_text())["systems"].items():
                     runs.setdefault(name, {}).setdefault(system, []).append({k: r[k] for k in KEEP})
-    import torch
+    from sglang_specpilot.harness.bench import provenance
 
     out = {
         "suite": "round_ab",
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "versions": {"torch": torch.__version__},
-        "commit": os.environ.get("SPECPILOT_COMMIT"),
+        **provenance(),
         "command": "python benchmarks/probes/round_ab.py " + " ".join(argv),
         "variants": {name: env for name, env in a.variant},
         "runs": runs,

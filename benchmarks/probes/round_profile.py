@@ -96,7 +96,18 @@ def main() -> None:
         scratch_slots(EngineOptions(device="cpu", **config_options(systems[n.removesuffix("_cublas")]))) for n in names
     )
     m = load_stand_in(args, dev, n_pos, print)
-    out = {"model": m.info, "context": args.context, "systems": {}, "options": extra}
+    from sglang_specpilot.harness.bench import provenance
+
+    out = {
+        "suite": "round_profile",
+        **provenance(device=dev),
+        "command": "python benchmarks/probes/round_profile.py " + " ".join(sys.argv[1:]),
+        "metrics": {},
+        "model": m.info,
+        "context": args.context,
+        "systems": {},
+        "options": extra,
+    }
     for name in names:
         # "<system>_cublas": the same round with cuBLAS for its one-row projections (no decode GEMV).
         base, cublas = name.removesuffix("_cublas"), name.endswith("_cublas")
@@ -138,6 +149,9 @@ def main() -> None:
             "by_category_us": {k: round(v, 1) for k, v in cats.items()},
             "in_order": ks,
         }
+        r = out["systems"][name]
+        out["metrics"].update({f"{name}_round_ms": round(r["round_ms_median"], 4), f"{name}_kernels": r["kernels"],
+                               f"{name}_span_us": r["span_us"]})  # fmt: skip
         del eng, replay
         if dev.type == "cuda":
             torch.cuda.empty_cache()

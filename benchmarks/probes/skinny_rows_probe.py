@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemv_bench import ROTATE_BYTES, SHAPES, graph_us_per_call  # noqa: E402
 
+from sglang_specpilot.harness.bench import provenance  # noqa: E402
 from sglang_specpilot.kernels.skinny_gemm import new_counters, pick_config, skinny_gemm  # noqa: E402
 
 
@@ -36,6 +37,18 @@ def ulp_error(y: torch.Tensor, exact: torch.Tensor) -> dict:
     ulp = torch.finfo(torch.bfloat16).eps * exact.abs().clamp_min(2**-20)
     e = ((y.double() - exact).abs() / ulp.double()).flatten().float()
     return {"max_ulp": round(e.max().item(), 2), "p9999_ulp": round(e.quantile(0.9999).item(), 2)}
+
+
+def summary_metrics(rows: list[dict]) -> dict:
+    """Per projection: the kernel at 33 rows over 33 padded to 64 (1.0: the spare rows cost nothing), and the
+    kernel's speedup over cuBLAS at 33 rows."""
+    by = {(r["proj"], str(r["M"])): r for r in rows}
+    out = {}
+    for proj in dict.fromkeys(r["proj"] for r in rows):
+        if (proj, "33") in by and (proj, "33pad") in by:
+            out[f"{proj}_m33_over_33pad"] = round(by[proj, "33"]["skinny_us"] / by[proj, "33pad"]["skinny_us"], 4)
+            out[f"{proj}_m33_speedup_vs_cublas"] = by[proj, "33"]["speedup_vs_cublas"]
+    return out
 
 
 def main() -> None:
@@ -80,7 +93,13 @@ def main() -> None:
                   f"ours {row['skinny_err']} cuBLAS {row['cublas_err']}", flush=True)  # fmt: skip
         del ws
         torch.cuda.empty_cache()
-    doc = {"suite": "skinny_rows_probe", "gpu": torch.cuda.get_device_name(), "rows": rows}
+    doc = {
+        "suite": "skinny_rows_probe",
+        **provenance(device=dev),
+        "command": "python benchmarks/probes/skinny_rows_probe.py " + " ".join(sys.argv[1:]),
+        "metrics": summary_metrics(rows),
+        "rows": rows,
+    }
     a.out.write_text(json.dumps(doc, indent=1))
 
 

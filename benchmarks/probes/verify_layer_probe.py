@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from gemv_bench import ROTATE_BYTES, SHAPES, graph_us_per_call  # noqa: E402
 
 
@@ -63,8 +64,11 @@ def main(argv=None) -> int:
     for M in (7, 33):
         for use_pdl in (True, False):
             probe(M, use_pdl)
-    res = {"rows": rows, "gpu": torch.cuda.get_device_name(dev), "commit": os.environ.get("SPECPILOT_COMMIT"),
-           "note": "SmolLM2-135M shapes, synthetic weights, us per call"}  # fmt: skip
+    from sglang_specpilot.harness.bench import provenance
+
+    res = {"suite": "verify_layer_probe", **provenance(device=dev),
+           "command": "python benchmarks/probes/verify_layer_probe.py " + " ".join(sys.argv[1:]),
+           "note": "SmolLM2-135M shapes, synthetic weights, us per call", "rows": rows}  # fmt: skip
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
