@@ -110,7 +110,7 @@ ENGINE_FLAGS = (
     "capture_sampling", "decode_gemv", "verify_gemm",
 )  # fmt: skip
 ENGINE_DEFAULTS = {
-    "model": None, "draft": None, "draft_layers": None, "ngram": DEFAULT_NGRAM, "synthetic": False, "mode": "spec",
+    "model": None, "draft": None, "draft_layers": None, "ngram": None, "synthetic": False, "mode": "spec",
     "gamma": 4, "device": "auto", "dtype": "auto", "max_seq_len": None, "cuda_graphs": True, "compile": None,
     "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
     "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
@@ -130,14 +130,15 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
             "--model", help="GGUF file, safetensors folder, W12 folder, or preset (with --synthetic); "
             "default: the embedded SmolLM2-135M-Instruct"),
         "draft": lambda: g.add_argument(
-            "--draft", help="draft model (same forms as --model); default: prompt lookup (--ngram) for chains, "
-            "the shipped trained drafter for trees and tau of the embedded model"),
+            "--draft", help="draft model (same forms as --model); default: the shipped trained drafter for the "
+            "embedded model (chains, trees, tau), prompt lookup (--ngram) for any other"),
         "draft_layers": lambda: g.add_argument(
             "--draft-layers", type=int, metavar="K",
             help="draft with the target's first K layers and its head instead of prompt lookup"),
         "ngram": lambda: g.add_argument(
-            "--ngram", type=int, default=DEFAULT_NGRAM, metavar="N",
-            help="prompt-lookup n-gram size (spec mode, no --draft / --draft-layers)"),
+            "--ngram", type=int, default=None, metavar="N",
+            help=f"draft chains by prompt lookup with n-grams of up to N tokens (spec mode, no --draft / "
+            f"--draft-layers; the default for a --model without a drafter, with N = {DEFAULT_NGRAM})"),
         "synthetic": lambda: g.add_argument(
             "--synthetic", action="store_true", help="presets with synthetic weights (timing only)"),
         "mode": lambda: g.add_argument(
@@ -248,13 +249,19 @@ def engine_options(args: argparse.Namespace):
     if args.mode == "spec" and args.draft is None:
         if args.draft_layers:
             draft_layers = args.draft_layers
-        elif args.model is None and default_drafter() is not None and (wants_tree(args) or args.tlv):
-            # Trees of the embedded target draft with the shipped trained drafter. Plain chains keep prompt
-            # lookup: on the H200 (HumanEval/100-103, batch 1) it ran 1392 tok/s against 308 for the chain with
-            # the trained drafter and 693 for AR (benchmarks/results/foundation_h200.json, trees_h200.json).
+        elif (
+            args.model is None
+            and default_drafter() is not None
+            and (args.ngram is None or wants_tree(args) or args.tlv)
+        ):
+            # The embedded target drafts with the shipped trained drafter, chains too (--ngram asks for prompt
+            # lookup instead). Same run, default options, HumanEval/100-131 chat prompts, batch 1: on the H100
+            # (rounds_smollm2_h100.json) the drafter's chain ran 1.15x AR and prompt lookup 1.00x (its tree of
+            # 32 nodes 1.32x); on the H200 1.14x and 0.98x (rounds_h200.json, 7474703). Lookup lost its lead once
+            # the drafter's rounds were captured whole (it led, 1392 against 308 tokens/s, while they ran eagerly).
             draft = str(default_drafter())
         else:
-            ngram = args.ngram
+            ngram = DEFAULT_NGRAM if args.ngram is None else args.ngram
     tree = args.mode == "spec"
     budget, depth, top_k = _tree_defaults(args) if tree else (None, None, None)
     kw = {}

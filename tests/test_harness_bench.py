@@ -120,8 +120,8 @@ def test_tables_regeneration_is_idempotent(tmp_path, selftest_file):
 
 
 def _rounds_row() -> int:
-    """Index of the headline row read from rounds_h200.json's lookup metrics."""
-    return next(i for i, h in enumerate(headline.HEADLINES) if h.file == "rounds_h200.json")
+    """Index of the headline row read from a rounds file's lookup metrics."""
+    return next(i for i, h in enumerate(headline.HEADLINES) if h.file.startswith("rounds") and "lookup" in h.what)
 
 
 def _copies(tmp_path):
@@ -145,9 +145,10 @@ def test_results_command_writes_the_headline_and_the_tables(tmp_path):
     # The headline: one row per entry, each cell from its file (GPU and commit included).
     rows = [ln for ln in head.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert len(rows) == len(headline.HEADLINES)
-    lookup = json.loads((results / "rounds_h200.json").read_text())
     first = _rounds_row()
-    assert rows[first].startswith("| H200 | SmolLM2-135M-Instruct (real weights) | 1 |")
+    lookup = json.loads((results / headline.HEADLINES[first].file).read_text())
+    gpu = headline.gpu_label(lookup["gpu"])
+    assert rows[first].startswith(f"| {gpu} | SmolLM2-135M-Instruct (real weights) | 1 |")
     m, by = lookup["metrics"], lookup.get("metric_commits", {})
     cell = f"| {m['smollm2_lookup_tok_s_bs1']:,.0f} vs {m['smollm2_ar_tok_s_bs1']:,.0f} tokens/s "
     cell += f"({m['smollm2_lookup_speedup_vs_ar_bs1']:.2f}x) |"
@@ -155,10 +156,12 @@ def test_results_command_writes_the_headline_and_the_tables(tmp_path):
     commit = str(by.get("smollm2_lookup_tok_s_bs1", lookup["commit"]))[:7]
     dirty = any(r.get("dirty") for r in lookup.get("runs", []) if str(r.get("commit"))[:7] == commit)
     assert f"| `{commit}`{' (dirty)' if dirty else ''} |" in rows[first] and cell in rows[first]
-    # The e2e rows lead: the lifted 8B stand-in, labelled as such, its speedup read from e2e_h200.json.
-    e2e = json.loads((results / "e2e_h200.json").read_text())["metrics"]
-    assert rows[0].startswith("| H200 | SmolLM2-135M lifted to Llama-3.1-8B shapes (stand-in, timing)")
-    assert f"({e2e['e2e_speedup_vs_ar_bs1']:.2f}x;" in rows[0]
+    # The e2e rows lead: the lifted 8B stand-in, labelled as such, its speedup read from its e2e file.
+    e2e = json.loads((results / headline.HEADLINES[0].file).read_text())
+    assert headline.HEADLINES[0].file.startswith("e2e_")
+    gpu = headline.gpu_label(e2e["gpu"])
+    assert rows[0].startswith(f"| {gpu} | SmolLM2-135M lifted to Llama-3.1-8B shapes (stand-in, timing)")
+    assert f"({e2e['metrics']['e2e_speedup_vs_ar_bs1']:.2f}x;" in rows[0]
     assert rows[-1].startswith("| CPU |") and "| 12.04 |" in rows[-1]
     assert "### rounds · NVIDIA H200" in full and "### w12_bits · cpu" in full and "| metric |" not in head
     # A changed measurement changes the generated cell.
@@ -175,13 +178,15 @@ def test_the_committed_readmes_are_generated_from_the_committed_results():
 
 def test_a_headline_row_without_its_file_or_metric_is_an_error(tmp_path, capsys):
     args, readme, tables, results = _copies(tmp_path)
-    (results / "eagle3_tau_h200.json").unlink()
-    assert report.main(args) == 2 and "eagle3_tau_h200.json" in capsys.readouterr().err
+    tau_file = next(h.file for h in headline.HEADLINES if "MT-Bench turn 1" in h.what)
+    (results / tau_file).unlink()
+    assert report.main(args) == 2 and tau_file in capsys.readouterr().err
     assert readme.read_text() == README
-    doc = json.loads((results / "rounds_h200.json").read_text())
+    rounds_file = headline.HEADLINES[_rounds_row()].file
+    doc = json.loads((results / rounds_file).read_text())
     del doc["metrics"]["smollm2_lookup_tok_s_bs1"]
-    (results / "rounds_h200.json").write_text(json.dumps(doc))
-    with pytest.raises(headline.HeadlineError, match="rounds_h200.json has no metric 'smollm2_lookup_tok_s_bs1'"):
+    (results / rounds_file).write_text(json.dumps(doc))
+    with pytest.raises(headline.HeadlineError, match=f"{rounds_file} has no metric 'smollm2_lookup_tok_s_bs1'"):
         headline.render_headline(results, headline.HEADLINES[_rounds_row() : _rounds_row() + 1])
 
 

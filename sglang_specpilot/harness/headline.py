@@ -46,7 +46,7 @@ LIFTED_8B = "SmolLM2-135M lifted to Llama-3.1-8B shapes (stand-in, timing) + EAG
 
 HEADLINES: tuple[Headline, ...] = (
     Headline(
-        "e2e_h200.json",
+        "e2e_h100.json",
         LIFTED_8B,
         "1",
         "e2e: best SpecPilot system vs AR, HumanEval/100-131 + MT-Bench turn 1, 128 tokens, greedy",
@@ -58,24 +58,24 @@ HEADLINES: tuple[Headline, ...] = (
         ),
     ),
     Headline(
-        "e2e_h200.json",
+        "e2e_h100.json",
         LIFTED_8B,
         "1",
         "e2e: best SpecPilot system vs stock chain speculative decoding (best gamma), same run",
         lambda m: _tokens_vs(m[f"e2e_{_best(m)}_tok_s_bs1"], m["e2e_stock_tok_s_bs1"], m["e2e_speedup_vs_stock_bs1"]),
     ),
     Headline(
-        "e2e_bs4_16_h200.json",
+        "e2e_bs4_16_h100.json",
         LIFTED_8B,
         "4",
         "e2e: SpecPilot trees vs AR (N, gamma chosen again at this batch by the cost model), separate run from batch 1",
         lambda m: _tokens_vs(m["e2e_trees_tok_s_bs4"], m["e2e_ar_tok_s_bs4"], m["e2e_speedup_vs_ar_bs4"]),
     ),
     Headline(
-        "e2e_bs4_16_h200.json",
+        "e2e_bs4_16_h100.json",
         LIFTED_8B,
         "16",
-        "e2e: SpecPilot trees vs AR (same run as batch 4; small trees chosen at this batch)",
+        "e2e: SpecPilot trees vs AR (same run as batch 4; the cost model chose stock's chain at this batch)",
         lambda m: _tokens_vs(m["e2e_trees_tok_s_bs16"], m["e2e_ar_tok_s_bs16"], m["e2e_speedup_vs_ar_bs16"]),
     ),
     Headline(
@@ -123,7 +123,7 @@ HEADLINES: tuple[Headline, ...] = (
         ),
     ),
     Headline(
-        "rounds_h200.json",
+        "rounds_smollm2_h100.json",
         "SmolLM2-135M-Instruct (real weights)",
         "1",
         "prompt-lookup chains vs AR, default options, HumanEval/100-131 chat, 128 tokens",
@@ -132,7 +132,7 @@ HEADLINES: tuple[Headline, ...] = (
         ),
     ),
     Headline(
-        "rounds_h200.json",
+        "rounds_smollm2_h100.json",
         "SmolLM2-135M + the shipped EAGLE-3 drafter",
         "1",
         "best-first tree (32 nodes) vs AR, same run",
@@ -155,10 +155,11 @@ HEADLINES: tuple[Headline, ...] = (
         ),
     ),
     Headline(
-        "eagle3_tau_h200.json",
+        "eagle3_tau_cpu.json",
         "SmolLM2-135M + the shipped EAGLE-3 drafter",
         "1",
-        "tokens per round on MT-Bench turn 1 (never trained on): tree (32 nodes, depth 6) vs chain (6)",
+        "tokens per round on MT-Bench turn 1 (never trained on; replay in float32): tree (32 nodes, depth 6) vs "
+        "chain (6)",
         lambda m: _vs(m["tau_tree32_mtbench"], m["tau_chain6_mtbench"], "", m["tau_ratio_tree32_chain6_mtbench"]),
     ),
     Headline(
