@@ -573,6 +573,7 @@ def _ar_engine(args, mode: str, max_batch: int = 1):
 
 
 def cmd_tau(args: argparse.Namespace) -> int:
+    from .harness.jsonable import write_json
     from .harness.tau_replay import tau_report
     from .harness.tlv_replay import TLVReplay
 
@@ -616,7 +617,7 @@ def cmd_tau(args: argparse.Namespace) -> int:
         print(f"[tau {time.perf_counter() - t0:7.1f}s] {done}/{total} prompts: {shown}", file=sys.stderr, flush=True)
         if args.out:
             partial = {**so_far, **setting, "prompts_done": done, "prompts_total": total, "per_prompt": rows}
-            _write_json(args.out, partial)
+            write_json(args.out, partial)
 
     out = tau_report(
         ar,
@@ -631,18 +632,9 @@ def cmd_tau(args: argparse.Namespace) -> int:
     )
     out.update({**setting, "seconds": round(time.perf_counter() - t0, 1)})
     if args.out:
-        _write_json(args.out, {**out, "prompts_done": len(prompts), "per_prompt": rows})
+        write_json(args.out, {**out, "prompts_done": len(prompts), "per_prompt": rows})
     print(json.dumps(out))
     return 0
-
-
-def _write_json(path: str, doc: dict) -> None:
-    """Write ``doc`` beside ``path`` and rename it there, so a cut run never leaves half a file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(p)
 
 
 # Per --kind: the defaults of the flags both trainers read, and the flags only one of them reads (None

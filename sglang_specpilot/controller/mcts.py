@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..colocate.plan import JointPlan
+from ..harness.jsonable import write_json
 from .proposer import ProposalContext, Proposer
 
 FAILED_REWARD = 0.0
@@ -180,9 +181,7 @@ class MCTS:
 
     def save(self) -> None:
         if self.state_path is not None:
-            tmp = self.state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
-            tmp.replace(self.state_path)  # atomic: a crash never leaves half a state file
+            write_json(self.state_path, self.to_dict(), sort_keys=True)  # a crash never leaves half a state file
 
     def _restore(self, d: dict) -> None:
         self.root = d["root"]

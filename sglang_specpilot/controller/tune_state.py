@@ -8,8 +8,9 @@ instead of timing it again; the first missing one is where it goes on measuring.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from ..harness.jsonable import write_json
 
 STATE = "state.json"
 VERSION = 1
@@ -47,10 +48,7 @@ class TuneState:
         self.save()
 
     def save(self) -> None:
-        # Written to a temporary file and renamed: a kill mid-write leaves the previous state whole.
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        write_json(self.path, self.data, sort_keys=True)  # a kill mid-write leaves the previous state whole
 
 
 def _diff(a: dict, b: dict) -> str:

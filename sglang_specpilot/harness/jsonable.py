@@ -35,6 +35,16 @@ def to_jsonable(obj: object) -> object:
     return obj
 
 
+def write_json(path: str | Path, doc: object, **dumps) -> None:
+    """Write ``doc`` as JSON (``json.dumps(doc, indent=1, **dumps)``) to a file beside ``path`` and rename it
+    there: a run killed mid-write leaves the previous file whole (a state to resume, partial results)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, **{"indent": 1, **dumps}))
+    tmp.replace(path)
+
+
 class JsonMixin:
     """Gives a dataclass ``to_dict()`` (plain JSON types) and ``to_json()``."""
 
