@@ -605,14 +605,9 @@ def cmd_tau(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     rows: list[dict] = []
 
-    def progress(done: int, total: int, tallies: dict) -> None:
+    def progress(done: int, total: int, tallies: dict, totals: dict) -> None:
         rows.append({k: list(v) for k, v in tallies.items()})
-        sums: dict[str, list[int]] = {}
-        for r in rows:
-            for k, (tok, rounds) in r.items():
-                s = sums.setdefault(k, [0, 0])
-                s[0], s[1] = s[0] + tok, s[1] + rounds
-        so_far = {f"tau_{k}": round(a / b, 4) for k, (a, b) in sums.items() if b}
+        so_far = {f"tau_{k}": round(a / b, 4) for k, (a, b) in totals.items() if b}
         shown = " ".join(f"{k.removeprefix('tau_')} {v:.3f}" for k, v in so_far.items() if not k.startswith("tau_orac"))
         print(f"[tau {time.perf_counter() - t0:7.1f}s] {done}/{total} prompts: {shown}", file=sys.stderr, flush=True)
         if args.out:

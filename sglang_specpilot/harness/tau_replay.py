@@ -155,6 +155,30 @@ def _eagle_tau(target, draft, prompt, g, depth, top_k, budgets, add, tlv=None, t
         add(f"tlv{n}", replay(T, lambda t, n=n, tally=tally: _tlv_round(tlv, n, g, t, q, hang, rep.lattice, tally)))
 
 
+def _plain_tau(target, draft, prompt, g, depth, top_k, budgets, oracle_ks, add, tlv=None, tallies=None) -> None:
+    # A drafter of its own (no target features): chain and oracle runs from its teacher-forced ranks, trees
+    # best-first from its lattice.
+    rep = _DraftReplay(draft, list(prompt) + g, len(prompt), depth, top_k)
+    T = len(g)
+    add("chain", replay(T, lambda t: leading_run(rep.ranks, t, 1, depth)))
+    for k in oracle_ks:
+        add(f"oracle_top{k}", replay(T, lambda t, k=k: leading_run(rep.ranks, t, k, depth)))
+    for n in budgets:
+        add(f"tree{n}", replay(T, lambda t, n=n: accepted_on_truth(_single(best_first(rep.lattice(t), n)), g[t:])))
+    if tlv is None:
+        return
+    q = QChains(target, list(prompt) + g, len(prompt), tlv.chain_len)
+    # A Q chain that spells the truth leaves the drafter drafting from the true text: the hanging lattice is
+    # the plain replay's lattice at round start t + L.
+    for n in tlv.budgets(budgets, rep.E * top_k):
+        tally = tallies.setdefault(n, [0, 0])
+
+        def tlv_acc(t, n=n, tally=tally):
+            return _tlv_round(tlv, n, g, t, q, lambda t: rep.lattice(t + tlv.chain_len), rep.lattice, tally)
+
+        add(f"tlv{n}", replay(T, tlv_acc))
+
+
 def _tlv_round(tlv, n, g, t, q, hang, root, tally) -> int:
     return tlv_accept(tlv, n, g, t, q.chain(t)[0], lambda: hang(t), lambda: root(t), tally)
 
@@ -175,9 +199,9 @@ def tau_report(
     agreement and the issue's ratio, ``tlv_replay.tlv_summary``) for ``draft`` against ``target_engine``'s
     greedy output.
 
-    ``progress(done, total, prompt_tallies)``, if given, is called after each prompt with that prompt's
-    ``{name: [tokens, rounds]}`` (empty for a prompt whose answer is under two tokens), so a caller can show
-    progress and keep per-prompt results that outlive a cut run."""
+    ``progress(done, total, prompt_tallies, totals)``, if given, is called after each prompt with that prompt's
+    ``{name: [tokens, rounds]}`` (empty for a prompt whose answer is under two tokens) and the running sums
+    over the prompts so far, so a caller can show progress and keep results that outlive a cut run."""
     from ..engine import SamplingParams
 
     cands = (1 + (depth - 1) * top_k) * top_k
@@ -205,41 +229,17 @@ def tau_report(
             acc[0] += tr[0]
             acc[1] += tr[1]
 
-    for i, prompt in enumerate(prompts):
-        if progress is not None and i:
-            progress(i, len(prompts), mine)
+    for i, prompt in enumerate(prompts, 1):
         mine = {}
         g = target_engine.generate([prompt], params)[0].token_ids
         if len(g) < 2:
-            continue
-        if hasattr(draft, "feature_layers"):  # an EAGLE-3 drafter reads the target's features
+            pass
+        elif hasattr(draft, "feature_layers"):  # an EAGLE-3 drafter reads the target's features
             _eagle_tau(target_engine.target, draft, prompt, g, depth, top_k, budgets, add, tlv, tallies)
-            continue
-        rep = _DraftReplay(draft, list(prompt) + g, len(prompt), depth, top_k)
-        T = len(g)
-        add("chain", replay(T, lambda t, r=rep: leading_run(r.ranks, t, 1, depth)))
-        for k in oracle_ks:
-            add(f"oracle_top{k}", replay(T, lambda t, k=k, r=rep: leading_run(r.ranks, t, k, depth)))
-        for n in budgets:
-
-            def acc(t, n=n, r=rep, g=g):
-                tree = best_first(r.lattice(t), n)
-                return accepted_on_truth(_single(tree), g[t:])
-
-            add(f"tree{n}", replay(T, acc))
-        if tlv is not None:
-            q = QChains(target_engine.target, list(prompt) + g, len(prompt), tlv.chain_len)
-            # A Q chain that spells the truth leaves the drafter drafting from the true text: the hanging
-            # lattice is the plain replay's lattice at round start t + L.
-            for n in tlv.budgets(budgets, cands):
-                tally = tallies.setdefault(n, [0, 0])
-
-                def tlv_acc(t, n=n, r=rep, q=q, g=g, tally=tally):
-                    return _tlv_round(tlv, n, g, t, q, lambda t: r.lattice(t + tlv.chain_len), r.lattice, tally)
-
-                add(f"tlv{n}", replay(T, tlv_acc))
-    if progress is not None and prompts:
-        progress(len(prompts), len(prompts), mine)
+        else:
+            _plain_tau(target_engine.target, draft, prompt, g, depth, top_k, budgets, oracle_ks, add, tlv, tallies)
+        if progress is not None:
+            progress(i, len(prompts), mine, totals)
     out = {f"tau_{k}": round(v[0] / v[1], 4) for k, v in totals.items() if v[1]}
     if "tau_chain" in out and "tau_tree32" in out:
         out["tau_ratio_tree32_chain"] = round(out["tau_tree32"] / out["tau_chain"], 4)
