@@ -9,6 +9,7 @@ configuration is parsed from an e2e table, and the issue's metrics are named.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from helpers import stand_in_folders
@@ -61,6 +62,22 @@ def test_dry_run_on_cpu(folders, tmp_path):
     doc2 = json.loads(path2.read_text())
     assert doc2["metrics"]["tune_final_speedup_vs_stock_bs1_tiny"] == m["tune_final_speedup_vs_stock_bs1_tiny"]
     assert any("read back" in line for line in doc2["log"])
+    # Another deployment's memory (--memory-from): a missing folder is one clear error; an existing one seeds
+    # the memory run of a second work folder, which records where its seeds came from.
+    path3 = run_suite("tune", _argv(folders, tmp_path / "out3", work, "--parts", "memory", "--memory-from",
+                                    str(tmp_path / "nope")))  # fmt: skip
+    errors = json.loads(path3.read_text())["errors"]
+    assert len(errors) == 1 and "no such memory folder" in json.dumps(errors), errors
+    work2 = tmp_path / "work2"
+    shutil.copytree(work / "cold", work2 / "cold")
+    path4 = run_suite("tune", _argv(folders, tmp_path / "out4", work2, "--parts", "memory", "--memory-from",
+                                    str(work / "memory")))  # fmt: skip
+    doc4 = json.loads(path4.read_text())
+    assert doc4["errors"] == [], doc4["errors"]
+    reuse = doc4["runs"]["memory_reuse"]
+    assert reuse["memory_from"] == str(work / "memory") and reuse["other_deployment"]
+    assert doc4["metrics"]["tune_memory_from_other_deployment_tiny"] == 1
+    assert (work2 / "memory_reuse" / "summary.json").exists()
 
 
 def test_e2e_settings_parse():

@@ -12,8 +12,10 @@ resumes from its ``state.json`` in the next device call and a finished one is re
 - ``manual``: the tuned system against the best hand-picked configuration of the e2e table (the e2e
   results file's batch-1 pick, ``--manual-from``) and stock, paired and interleaved on the sealed-final
   prompts in one run: ``tune_final_over_best_manual_bs1_lifted8b``.
-- ``memory``: a second deployment of the same stand-in (a fresh tuning folder) started from the memory the
-  cold run wrote: its entries are timed first, the search goes on from what won. Candidates timed to reach
+- ``memory``: a second deployment (a fresh tuning folder) started from a memory: the cold run's own
+  (``WORK/memory``: the same deployment again), or with ``--memory-from DIR`` another deployment's, e.g. the
+  real SmolLM2 started from what the lifted 8B's cold run promoted (another model, as the issue's reuse rule
+  asks). Its entries are timed first, the search goes on from what won. Candidates timed to reach
   its final (through the round that promoted it), against the cold run's: ``tune_memory_candidates_{cold,
   reuse}`` and ``..._saved``; ``..._timed_{cold,reuse}`` count every candidate, the confirming rounds too.
 - ``ablation``: the cold run's settings without the cost model (each round's "largest factor" replaced by
@@ -60,6 +62,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--manual-from", default="benchmarks/results/e2e_h200.json",
                    help="e2e results file whose batch-1 pick is the best hand-picked configuration")  # fmt: skip
     p.add_argument("--manual", default=None, help="or the hand-picked tree N,D,K itself")
+    p.add_argument("--memory-from", default=None,
+                   help="the memory part's store: another deployment's memory folder (default: WORK/memory, "
+                   "this deployment's cold run)")  # fmt: skip
     p.add_argument("--deadline-s", type=float, default=540.0, help="no part starts after this many seconds")
     add_model_args(p, dtype_help="bfloat16 on the GPU")
 
@@ -257,10 +262,15 @@ class _Run(RunLog):
             from ..controller.tune_memory import seeds
 
             c = self.cold_summary(needed_by="memory")
-            sd = seeds(self.work / "memory", self.backend.stock)
-            self.say(f"memory: {len(sd)} applicable entries")
+            store = Path(self.args.memory_from) if self.args.memory_from else self.work / "memory"
+            if not store.is_dir():
+                raise RuntimeError(f"--memory-from {store}: no such memory folder")
+            sd = seeds(store, self.backend.stock)
+            self.say(f"memory: {len(sd)} applicable entries from {store}")
             r = self.tune("memory_reuse", seeds=sd)
-            self.keep_run("memory_reuse", r, seeds=sd)
+            self.keep_run("memory_reuse", r, seeds=sd, memory_from=str(store),
+                          other_deployment=bool(self.args.memory_from))  # fmt: skip
+            m["tune_memory_from_other_deployment"] = int(bool(self.args.memory_from))
             # The count: candidates timed to reach the final; every candidate timed beside it.
             m["tune_memory_candidates_cold"] = c["candidates_to_final"]
             m["tune_memory_candidates_reuse"] = r["candidates_to_final"]
