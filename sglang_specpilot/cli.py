@@ -27,6 +27,13 @@ from pathlib import Path
 # / 16 on the H200 on the same prompts. See README "Drafters of the embedded target".
 DEFAULT_NGRAM = 3
 DEFAULT_DRAFT_LAYERS = 4  # the cheapest self-drafter with the acceptance of 8 layers
+DEFAULT_GAMMA = 4  # chain length when --gamma is not given (EngineOptions' stock chain)
+# `generate` on a GPU with the embedded model and its shipped drafter, no --gamma and no tree flag: a best-first
+# tree of 32 nodes, depth 6, top-k 8. Batch 1, HumanEval/100-131 chat prompts, default options, one run each:
+# 1.32x AR against the chain's 1.15x on the H100 (rounds_smollm2_h100.json), 1.29x against 1.14x on the H200
+# (rounds_h200.json, 7474703). Not on a CPU, where a 33-row verify costs ~33x a decode step's compute, nor in
+# `serve`, whose batches the e2e suite measured chains faster at (16 rows, e2e_bs4_16_h100.json).
+GENERATE_TREE = (32, 6, 8)
 
 # The extra that installs each optional module a command may import (pip install 'sglang-specpilot[X]').
 EXTRAS = {
@@ -111,7 +118,7 @@ ENGINE_FLAGS = (
 )  # fmt: skip
 ENGINE_DEFAULTS = {
     "model": None, "draft": None, "draft_layers": None, "ngram": None, "synthetic": False, "mode": "spec",
-    "gamma": 4, "device": "auto", "dtype": "auto", "max_seq_len": None, "cuda_graphs": True, "compile": None,
+    "gamma": None, "device": "auto", "dtype": "auto", "max_seq_len": None, "cuda_graphs": True, "compile": None,
     "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
     "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
     "auto_off": False, "auto_off_curve": None, "auto_off_probe_every": 16, "adaptive_depths": None,
@@ -143,7 +150,10 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
             "--synthetic", action="store_true", help="presets with synthetic weights (timing only)"),
         "mode": lambda: g.add_argument(
             "--mode", choices=["ar", "spec"], default="spec", help="plain autoregressive decoding, or speculative"),
-        "gamma": lambda: g.add_argument("--gamma", type=int, default=4, help="draft tokens per speculative round"),
+        "gamma": lambda: g.add_argument(
+            "--gamma", type=int, default=None, help=f"draft tokens per speculative round of a chain (default: "
+            f"{DEFAULT_GAMMA}; on a GPU, generate with the embedded model drafts a tree of {GENERATE_TREE[0]} nodes, "
+            f"depth {GENERATE_TREE[1]}, top-k {GENERATE_TREE[2]} unless --gamma or a tree flag is given)"),
         "device": lambda: g.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda[:N]"),
         "dtype": lambda: g.add_argument(
             "--dtype", default="auto", help="auto (bfloat16 on CUDA or with W12, else float32), bfloat16, float16, "
@@ -235,7 +245,7 @@ def _tree_defaults(args: argparse.Namespace) -> tuple[int | None, int | None, in
 
     budget, depth, top_k = args.tree_budget, args.tree_depth, args.tree_top_k
     if budget is not None and top_k is None:
-        d = depth if depth is not None else args.gamma
+        d = depth if depth is not None else gamma_of(args)
         if isinstance(d, int) and 1 <= d <= 32 and budget >= 1:
             top_k = next((k for k in range(1, 65) if tree_candidates(d, k) >= budget), 64)
     return budget, depth, top_k
@@ -273,7 +283,7 @@ def engine_options(args: argparse.Namespace):
         draft=draft,
         draft_layers=draft_layers,
         synthetic=args.synthetic,
-        num_speculative_tokens=args.gamma,
+        num_speculative_tokens=gamma_of(args),
         device=args.device,
         dtype=args.dtype,
         max_seq_len=args.max_seq_len,
@@ -299,6 +309,39 @@ def engine_options(args: argparse.Namespace):
         verify_gemm=args.verify_gemm,
         **kw,
     )
+
+
+def gamma_of(args: argparse.Namespace) -> int:
+    return DEFAULT_GAMMA if args.gamma is None else args.gamma
+
+
+def generate_tree_default(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with GENERATE_TREE's tree where ``generate`` drafts with the shipped drafter on a GPU and no
+    round shape was asked for (--gamma, a tree flag, --ngram, --draft-layers, --tlv, --profile); else unchanged."""
+    if (
+        args.mode != "spec"
+        or args.model is not None
+        or args.draft is not None
+        or args.draft_layers
+        or args.ngram is not None
+        or args.gamma is not None
+        or wants_tree(args)
+        or args.tlv
+        or getattr(args, "profile", None)  # a tuned profile's delta is over stock's chain
+        or not _on_cuda(args.device)
+        or default_drafter() is None
+    ):
+        return args
+    budget, depth, top_k = GENERATE_TREE
+    return argparse.Namespace(**{**vars(args), "tree_budget": budget, "tree_depth": depth, "tree_top_k": top_k})
+
+
+def _on_cuda(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 def wants_tree(args: argparse.Namespace) -> bool:
@@ -448,7 +491,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
 
     params = sampling_params(args)  # every argument is checked before a model is loaded
-    options = with_profile(engine_options(args), args)
+    options = with_profile(engine_options(generate_tree_default(args)), args)
     check_options(options)
     t0 = time.perf_counter()
     engine = Engine.from_options(options)

@@ -126,6 +126,28 @@ def test_tree_budget_alone_gets_a_lattice_that_holds_it():
     assert tree_candidates(opts.tree_depth, opts.tree_top_k - 1) < 16  # the smallest such top_k
 
 
+def test_generate_drafts_the_measured_tree_on_a_gpu_only_when_no_shape_is_asked():
+    parse = cli.build_parser().parse_args
+
+    def opts(*flags, device="cuda"):
+        args = parse(["generate", "--prompt", "x", "--device", device, *flags])
+        return cli.engine_options(cli.generate_tree_default(args))
+
+    tree = opts()  # the embedded model, its shipped drafter, a GPU: GENERATE_TREE
+    assert (tree.tree_budget, tree.tree_depth, tree.tree_top_k) == cli.GENERATE_TREE and tree.draft is not None
+    asked = [("--gamma", "4"), ("--tree-budget", "16"), ("--ngram", "3"), ("--mode", "ar"), ("--draft-layers", "2"),
+             ("--model", "tiny-llama", "--synthetic"), ("--profile", "DIR")]  # fmt: skip
+    for flags, device in [((), "cpu"), *((f, "cuda") for f in asked)]:
+        o = opts(*flags, device=device)
+        assert (o.tree_budget, o.tree_depth) != cli.GENERATE_TREE[:2], (flags, device)
+    chain = opts(device="cpu")  # the CPU keeps the stock chain of DEFAULT_GAMMA
+    assert chain.tree_budget is None and chain.num_speculative_tokens == cli.DEFAULT_GAMMA
+    assert opts("--gamma", "6").num_speculative_tokens == 6 and opts("--gamma", "6").tree_budget is None
+    # The tuner's stock and serve never take it: engine_options alone is stock's chain on any device.
+    o = cli.engine_options(parse(["generate", "--prompt", "x", "--device", "cuda"]))
+    assert o.tree_budget is None and o.num_speculative_tokens == cli.DEFAULT_GAMMA
+
+
 def test_compile_flag_is_tri_state():
     parse = cli.build_parser().parse_args
     assert parse(["generate", "--prompt", "x"]).compile is None  # the engine decides (on for CUDA)

@@ -49,3 +49,36 @@ def test_other_settings_refuse_the_folder(tmp_path):
     _tune(tmp_path, cfg=TuneConfig(rounds=1, blocks=20, screen_blocks=20, kinds=("gamma",)))
     with pytest.raises(ValueError, match="other settings"):
         _tune(tmp_path, cfg=TuneConfig(rounds=2, blocks=20, screen_blocks=20, kinds=("gamma",)))
+
+
+def test_noise_counts_a_second_build_of_stock():
+    # The noise a gate subtracts compares stock with a second build of stock (replica_runner): an engine
+    # timed against itself would hide what differs between two builds of one configuration.
+    from sglang_specpilot.controller.judge import measure_noise
+
+    same = measure_noise(PlantedBackend(replica_factor=1.0), {}, tune_prompts(), blocks=8)
+    apart = measure_noise(PlantedBackend(replica_factor=1.3), {}, tune_prompts(), blocks=8)
+    assert same < 0.05 and apart > 0.2, (same, apart)
+
+
+def test_replica_engine_is_a_separate_build():
+    b = PlantedBackend()
+    eng, rep = b.engine({}), b.replica_engine({})
+    assert rep is not eng and b.replica_engine({}) is rep and b.engine({}) is eng
+    assert rep.options == eng.options
+    # The replica is out of the LRU: building it evicts no candidate's engine.
+    assert len(b._engines) == 1
+
+
+def test_backend_logs_each_timed_generation():
+    # The real runner (not the planted clock): each call records its prompt, rounds, TTFT and time.
+    from sglang_specpilot.controller.tune_backend import EngineBackend
+
+    b = PlantedBackend()
+    run = EngineBackend.runner(b, {}, tune_prompts(2))
+    run(), run(), run()
+    (rows,) = b.gen_log.values()
+    assert [r["prompt"] for r in rows] == [0, 1, 0]
+    assert all(r["rounds"] >= 1 and r["tokens"] == b.new_tokens and 0 < r["ttft_ms"] <= r["ms"] for r in rows)
+    (summary,) = b.gen_summary().values()
+    assert summary["n"] == 3 and summary["ms_per_round"] > 0

@@ -20,7 +20,7 @@ SHORTCUT_GAMMA = 6
 
 
 class PlantedBackend(EngineBackend):
-    def __init__(self, seed: int = 0, fail_after: int | None = None):
+    def __init__(self, seed: int = 0, fail_after: int | None = None, replica_factor: float = 1.0):
         target = tiny_model("tiny-llama", seed=0)
         draft = tiny_model("tiny-llama", seed=1, num_layers=1)
         stock = EngineOptions(
@@ -29,6 +29,8 @@ class PlantedBackend(EngineBackend):
         super().__init__(stock, new_tokens=12, models=(target, draft, WordTokenizer()))
         self.clock = SimulatedClock(seed, jitter_sigma=0.003, outlier_rate=0.0, drift_per_s=0.0, wobble=0.0)
         self.fail_after, self.calls = fail_after, 0
+        # A second build of a configuration runs this much slower (instance-to-instance variance).
+        self.replica_factor = replica_factor
         self.vocab = target.cfg.vocab_size
 
     def _opts(self, delta):
@@ -47,6 +49,9 @@ class PlantedBackend(EngineBackend):
         if self.fail_after is not None and self.calls > self.fail_after:
             raise KeyboardInterrupt("planted kill")
         return self.clock.work(self.cost(delta))
+
+    def replica_runner(self, delta, prompts_):
+        return self.clock.work(self.cost(delta) * self.replica_factor)
 
     def generate(self, delta, prompts_):
         out = super().generate(delta, prompts_)

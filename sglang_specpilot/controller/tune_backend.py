@@ -20,6 +20,16 @@ from .option_space import TREE_KEYS, apply, delta_key
 KEEP_ENGINES = 4  # engines kept built (stock, best, the candidate, AR); older ones are rebuilt on demand
 
 
+def _alloc_counts(device) -> dict | None:
+    """The CUDA caching allocator's device allocations and retries so far (None off CUDA)."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    st = torch.cuda.memory_stats(device)
+    return {"device_allocs": st.get("num_device_alloc", 0), "alloc_retries": st.get("num_alloc_retries", 0)}
+
+
 class EngineBackend:
     def __init__(self, stock: EngineOptions, new_tokens: int = 32, models=None, log=None):
         """``stock``: the deployment's stock options (model, drafter, device; every tuned option at its
@@ -38,6 +48,12 @@ class EngineBackend:
         self.stock = stock
         self._models = {("bf16", "bf16"): models}
         self._engines: OrderedDict[str, object] = OrderedDict()
+        self._replicas: dict[str, object] = {}  # second builds (``replica_runner``), kept apart from the LRU
+        # Per timed generation, by engine (delta key; "replica:" + key for second builds): prompt, rounds,
+        # time to first token and total ms. Why: on the H100 (tune_h100.json) one configuration of the real
+        # SmolLM2 timed 1.5-2x apart between builds and parts, and a time alone cannot tell more rounds
+        # (lower acceptance) from slower rounds or a slower prefill.
+        self.gen_log: dict[str, list[dict]] = {}
         self._tau_best: dict = {}
 
     def admits(self, delta: dict) -> bool:
@@ -60,22 +76,32 @@ class EngineBackend:
             self._models[key] = (t, d, tok)
         return self._models[key]
 
-    def engine(self, delta: dict):
+    def _build(self, delta: dict):
         from ..engine import Engine
 
+        opts = apply(self.stock, delta)
+        target, draft, tok = self._models_for(opts)
+        eng = Engine(target, tok, opts, draft if opts.draft is not None else None)
+        eng.warmup(progress=False)
+        return eng
+
+    def engine(self, delta: dict):
         key = delta_key(delta)
         if key in self._engines:
             self._engines.move_to_end(key)
             return self._engines[key]
-        opts = apply(self.stock, delta)
-        target, draft, tok = self._models_for(opts)
-        uses_draft = opts.draft is not None
-        eng = Engine(target, tok, opts, draft if uses_draft else None)
-        eng.warmup(progress=False)
+        eng = self._build(delta)
         self._engines[key] = eng
         while len(self._engines) > KEEP_ENGINES:
             self._engines.popitem(last=False)
         return eng
+
+    def replica_engine(self, delta: dict):
+        """A second engine of ``delta``, built apart from ``engine(delta)``'s (the stock-vs-stock noise)."""
+        key = delta_key(delta)
+        if key not in self._replicas:
+            self._replicas[key] = self._build(delta)
+        return self._replicas[key]
 
     def _params(self):
         from ..engine import SamplingParams
@@ -83,13 +109,49 @@ class EngineBackend:
         return SamplingParams(max_new_tokens=self.new_tokens, ignore_eos=True)
 
     def runner(self, delta: dict, prompts):
-        eng, params, i = self.engine(delta), self._params(), [0]
+        return self._runner(self.engine(delta), prompts, delta_key(delta))
+
+    def _runner(self, eng, prompts, key: str):
+        params, i = self._params(), [0]
+        log = self.gen_log.setdefault(key, [])
 
         def run():
-            eng.generate([prompts[i[0] % len(prompts)]], params)
+            k = i[0] % len(prompts)
+            mem0 = _alloc_counts(eng.device)
+            t0, first, res = time.perf_counter(), None, None
+            for ev in eng.stream([prompts[k]], params):
+                if first is None and ev.token_ids:
+                    first = time.perf_counter() - t0
+                res = ev.result or res
+            ms = (time.perf_counter() - t0) * 1e3
+            row = {"prompt": k, "rounds": res.rounds, "tokens": len(res.token_ids),
+                   "ttft_ms": round((first or 0.0) * 1e3, 3), "ms": round(ms, 3)}  # fmt: skip
+            if mem0 is not None:  # cudaMalloc calls and allocator retries (a full pool syncs the device)
+                row |= {k: v - mem0[k] for k, v in _alloc_counts(eng.device).items()}
+            log.append(row)
             i[0] += 1
 
         return run
+
+    def gen_summary(self) -> dict:
+        """Per engine: generations timed, median rounds, ms per round past the first token, TTFT (medians)."""
+        from statistics import median
+
+        out = {}
+        for key, rows in self.gen_log.items():
+            if rows:
+                per_round = [(r["ms"] - r["ttft_ms"]) / max(r["rounds"], 1) for r in rows]
+                out[key] = {"n": len(rows), "rounds": median(r["rounds"] for r in rows),
+                            "ms_per_round": round(median(per_round), 4),
+                            "ttft_ms": round(median(r["ttft_ms"] for r in rows), 3),
+                            "ms": round(median(r["ms"] for r in rows), 3),
+                            "device_allocs": sum(r.get("device_allocs", 0) for r in rows),
+                            "alloc_retries": sum(r.get("alloc_retries", 0) for r in rows)}  # fmt: skip
+        return out
+
+    def replica_runner(self, delta: dict, prompts):
+        """``runner`` over ``replica_engine(delta)``."""
+        return self._runner(self.replica_engine(delta), prompts, "replica:" + delta_key(delta))
 
     def generate(self, delta: dict, prompts) -> list[tuple[list[int], list[int]]]:
         eng, params = self.engine(delta), self._params()

@@ -216,11 +216,13 @@ class _Run(RunLog):
             self.say(f"{name}: read back from {done}")
             return json.loads(done.read_text())
         self.say(f"{name}: tuning (budget {self.args.budget_minutes} min, seeds {[n for n, _ in seeds]})")
+        self.backend.gen_log.clear()  # this run's generations only (``generations`` below)
         tuner = Tuner(self.backend, self.tp, self.fp, self.work / name, self.config(use_cost_model), seeds=seeds)
         res = tuner.run()
         doc = write(self.work / name, res, self.backend.describe(), self.backend.stock)
         summary = run_summary(res, doc, tuner.state.data["elapsed_s"])
-        summary |= {"result": res, "measured_now": res["measured_now"], "resumed": res["resumed_measurements"]}
+        summary |= {"result": res, "measured_now": res["measured_now"], "resumed": res["resumed_measurements"],
+                    "generations": self.backend.gen_summary()}  # fmt: skip
         done.write_text(json.dumps(summary, indent=1, default=str))
         if name == "cold":
             from ..controller.tune_memory import remember
@@ -306,10 +308,12 @@ class _Run(RunLog):
         variants = {"stock": {}, "tuned": tuned, "manual": delta}
         if tuned == delta:
             variants = {"stock": {}, "tuned": tuned}  # the same system: its ratio is 1 by construction
+        self.backend.gen_log.clear()
         times = judge.time_variants(self.backend, variants, self.fp, self.args.blocks)
         ms = {n: times.median(n) * 1e3 for n in variants}
         rec = {"case": "manual", "tuned": tuned, "manual": delta, "manual_source": source, "median_ms": ms,
-               "stock_vs_tuned": judge.timing_record(times, "stock", "tuned")}  # fmt: skip
+               "stock_vs_tuned": judge.timing_record(times, "stock", "tuned"),
+               "generations": self.backend.gen_summary()}  # fmt: skip
         if "manual" in variants:
             rec["manual_vs_tuned"] = judge.timing_record(times, "manual", "tuned")
             rec["stock_vs_manual"] = judge.timing_record(times, "stock", "manual")
