@@ -204,3 +204,30 @@ def test_tree_attention_configs_fit_the_h200(name, rows, kv_heads, head_dim, blo
     dims = ("stride_qb", "stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_vb", "stride_vs", "stride_ob")
     k = _compile(ta._tree_attention_kernel, _ATT_SIG, const, cfg.num_warps, cfg.num_stages, dims)
     assert "cubin" in k.asm and k.metadata.shared <= skinny_gemm.SMEM_BYTES, k.metadata.shared
+
+
+_TMA_SIG = {
+    "b_ptr": BF16, "y_ptr": BF16, "part_ptr": F32, "counter_ptr": "*i32",
+    **{n: "i32" for n in ("M", "N", "K", "stride_ym", "split_k")},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("M", [4, 33, 64])
+@pytest.mark.parametrize("proj", ["qkv", "gate_up", "down"])
+def test_skinny_tma_default_configs_fit_and_take_wgmma(M, proj):
+    # The TMA verify GEMM at its default launch shape on the 8B's projections: it compiles for sm_90, fits the
+    # shared memory, and its products run on wgmma (Hopper's warpgroup MMA) fed by TMA loads.
+    from sglang_specpilot.kernels import skinny_tma
+
+    _needs_compiler()
+    N, K = {"qkv": (6144, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}[proj]
+    cfg = skinny_tma.pick_config(M, N, K)
+    bm = skinny_gemm.block_m(M)
+    sig = {"w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>",
+           "x_desc": f"tensordesc<bf16[{bm}, {cfg.block_k}]>", **_TMA_SIG}  # fmt: skip
+    const = {"BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "HAS_BIAS": False, "UPCAST": False}
+    k = _compile(skinny_tma._tma_kernel, sig, const, cfg.num_warps, cfg.num_stages, ("N", "K", "stride_ym"))
+    assert k.metadata.shared <= skinny_gemm.SMEM_BYTES
+    assert k.metadata.shared <= cfg.num_stages * skinny_tma.stage_bytes(cfg.block_n, cfg.block_k, M) + 1024
+    ttgir = k.asm["ttgir"]
+    assert "warp_group_dot" in ttgir and "tma" in ttgir.lower()

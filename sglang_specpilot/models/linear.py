@@ -23,8 +23,9 @@ from torch import nn
 try:  # Triton is optional on CPU-only installs: then no Linear takes the GEMV path.
     from ..kernels.gemv import gemv, gemv_wins, norm_fits
     from ..kernels.skinny_gemm import MAX_ROWS, MIN_ROWS, new_counters, skinny_linear, skinny_wins
+    from ..kernels.skinny_tma import tma_linear, tma_wins
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    gemv = gemv_wins = norm_fits = skinny_linear = skinny_wins = new_counters = None
+    gemv = gemv_wins = norm_fits = skinny_linear = skinny_wins = new_counters = tma_linear = tma_wins = None
     MIN_ROWS = MAX_ROWS = 0
 
 
@@ -33,7 +34,8 @@ class Linear(nn.Linear):
 
     decode_gemv = False  # per module; set by set_decode_gemv
     verify_rows = frozenset()  # row counts that take kernels/skinny_gemm.py; set by set_decode_gemv
-    counters = None  # that kernel's split-K counters (one buffer per layer)
+    tma_rows = frozenset()  # row counts that take kernels/skinny_tma.py (unfused); set by set_decode_gemv
+    counters = None  # those kernels' split-K counters (one buffer per layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -41,6 +43,8 @@ class Linear(nn.Linear):
             return gemv(x, self.weight, self.bias)
         if rows in self.verify_rows:
             return skinny_linear(x, self.weight, self.bias, self.counters)
+        if rows in self.tma_rows:
+            return tma_linear(x, self.weight, self.bias, self.counters)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -132,7 +136,9 @@ def set_decode_gemv(model: nn.Module, on: bool, verify: bool = False) -> int:
             m.decode_gemv = bool(on and ok and gemv_wins(1, N, K))
             rows = range(MIN_ROWS, MAX_ROWS + 1) if verify and ok else ()
             m.verify_rows = frozenset(r for r in rows if skinny_wins(r, N, K))
-            m.counters = new_counters(w.device) if m.verify_rows else None
+            aligned = w.stride(0) % 8 == 0 and w.data_ptr() % 16 == 0  # what TMA reads (skinny_tma.takes)
+            m.tma_rows = frozenset(r for r in rows if aligned and r not in m.verify_rows and tma_wins(r, N, K))
+            m.counters = new_counters(w.device) if m.verify_rows or m.tma_rows else None
             n += m.decode_gemv
     return n
 
