@@ -1,5 +1,5 @@
 """BF16 GEMM for verify-sized row counts through Hopper's TMA: ``y = x @ W^T (+ bias)`` for 2 to 64 rows of
-x, and the launcher. Its reference is ``skinny_gemm.skinny_gemm_ref``.
+x, and the launcher. Its reference is ``skinny_tma_ref`` (``skinny_gemm.skinny_gemm_ref``: the same product).
 
 Why another kernel: ``skinny_gemm.py`` loads its tiles with per-thread pointer arithmetic (cp.async) and
 lost to cuBLAS at every row count on the 8B's projections (geomean 0.92-0.97x at 4-16 rows, 0.62x at 33,
@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .launch import interpreted
-from .skinny_gemm import MAX_ROWS, MAX_SKINNY_N, MIN_ROWS, SMALL_WEIGHT, SMEM_BYTES, SMS_H200, block_m
+from .skinny_gemm import MAX_ROWS, MAX_SKINNY_N, MIN_ROWS, SMALL_WEIGHT, SMEM_BYTES, SMS_H200, block_m, skinny_gemm_ref
 
 SMS = SMS_H200  # the H100's and H200's SM count (132)
 
@@ -256,3 +256,8 @@ def _(x, weight, bias, counters):
 def tma_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, counters: torch.Tensor):
     """``skinny_tma`` with ``pick_config``'s launch shape, as one op a compiled graph calls (``models/linear.py``)."""
     return _tma_op(x, weight, bias, counters)
+
+
+def skinny_tma_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: fp32 products and sums, one rounding to x's dtype (``skinny_gemm``'s, the same product)."""
+    return skinny_gemm_ref(x, weight, bias)
