@@ -124,10 +124,12 @@ class EngineBackend:
                     first = time.perf_counter() - t0
                 res = ev.result or res
             ms = (time.perf_counter() - t0) * 1e3
+            if res.error is not None:  # a failed generation is never a timing (``generate`` would raise too)
+                raise RuntimeError(f"a timed generation failed: {res.error}")
             row = {"prompt": k, "rounds": res.rounds, "tokens": len(res.token_ids),
                    "ttft_ms": round((first or 0.0) * 1e3, 3), "ms": round(ms, 3)}  # fmt: skip
             if mem0 is not None:  # cudaMalloc calls and allocator retries (a full pool syncs the device)
-                row |= {k: v - mem0[k] for k, v in _alloc_counts(eng.device).items()}
+                row |= {name: n - mem0[name] for name, n in _alloc_counts(eng.device).items()}
             log.append(row)
             i[0] += 1
 
