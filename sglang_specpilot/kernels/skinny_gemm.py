@@ -147,6 +147,28 @@ def _finish(acc, up, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, strid
     tl.store(y_ptr + ms[None, :] * stride_ym + rows[:, None], y, mask=out_mask)
 
 
+@triton.jit
+def _split_k_sum(acc, part_ptr, counter_ptr, pid_n, pid_k, split_k, rows, ms, out_mask, M, N):
+    # Split-K across programs: store this split's fp32 partial, take the tile's ticket; the program that draws
+    # the last one sums every partial in split order (the sum does not depend on arrival order) and resets the
+    # ticket. Returns (whether this program holds the sum, the sum). Also kernels/skinny_tma.py's.
+    plane = N * M  # partial s of the [split_k, M, N] workspace starts at s * plane
+    part = part_ptr + ms[None, :] * N + rows[:, None]
+    tl.store(part + pid_k.to(tl.int64) * plane, acc, mask=out_mask)
+    # Every thread's partial is stored before one thread takes the ticket (a CTA barrier), and the ticket is
+    # acquire-release, so the last program to arrive sees every partial.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+    last = arrived == split_k - 1
+    total = acc
+    if last:
+        total = tl.zeros_like(acc)
+        for p in range(0, split_k):
+            total += tl.load(part + p * plane, mask=out_mask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(counter_ptr + pid_n, 0)  # every split has arrived: ready for the next launch
+    return last, total
+
+
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _skinny_kernel(
     x_ptr,
@@ -235,20 +257,10 @@ def _skinny_kernel(
         _finish(acc, up, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok, N, HAS_BIAS,
                 HAS_RES, SWIGLU)  # fmt: skip
     else:
-        plane = N * M  # partial s of the [split_k, M, N] workspace starts at s * plane
-        part = part_ptr + ms[None, :] * N + rows[:, None]
-        tl.store(part + pid_k.to(tl.int64) * plane, acc, mask=out_mask)
-        # Every thread's partial is stored before one thread takes the ticket (a CTA barrier), and the
-        # ticket is acquire-release, so the last program to arrive sees every partial.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == split_k - 1:
-            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for p in range(0, split_k):  # split order: the sum does not depend on arrival order
-                total += tl.load(part + p * plane, mask=out_mask, other=0.0, cache_modifier=".cg")
+        last, total = _split_k_sum(acc, part_ptr, counter_ptr, pid_n, pid_k, split_k, rows, ms, out_mask, M, N)
+        if last:
             _finish(total, up, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, res_ptr, stride_rm, n_ok, N,
                     HAS_BIAS, HAS_RES, False)  # fmt: skip
-            tl.atomic_xchg(counter_ptr + pid_n, 0)
 
 
 INTERPRETED = interpreted(_skinny_kernel)
@@ -256,6 +268,18 @@ INTERPRETED = interpreted(_skinny_kernel)
 
 def _launchable(kernel):
     return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
+
+
+def split_k_workspace(split_k: int, M: int, N: int, tiles: int, counters, device):
+    """(fp32 partials [split_k, M, N], counters) for a launch of ``tiles`` output tiles; with one split both
+    are one-element stand-ins, typed as the kernel expects (one compiled variant). Raises ``ValueError`` when a
+    split launch has too few counters. Also kernels/skinny_tma.py's."""
+    if split_k > 1:
+        if counters is None or counters.numel() < tiles:
+            raise ValueError(f"split-K over {tiles} tiles needs a counters buffer of at least {tiles} slots")
+        return torch.empty((split_k, M, N), device=device, dtype=torch.float32), counters
+    part = torch.empty(1, device=device, dtype=torch.float32)
+    return part, counters if counters is not None else torch.empty(1, device=device, dtype=torch.int32)
 
 
 def new_counters(device) -> torch.Tensor:
@@ -306,14 +330,7 @@ def skinny_gemm(
     cfg = fit_stages(cfg, M, swiglu, x.element_size())
     tiles = triton.cdiv(N_out, cfg.block_n)
     y = torch.empty((M, N_out), device=x.device, dtype=x.dtype)
-    if cfg.split_k > 1:
-        if counters is None or counters.numel() < tiles:
-            raise ValueError(f"split-K over {tiles} tiles needs a counters buffer of at least {tiles} slots")
-        part = torch.empty((cfg.split_k, M, N_out), device=x.device, dtype=torch.float32)
-    else:  # unused, but typed as the kernel expects (one compiled variant)
-        part = torch.empty(1, device=x.device, dtype=torch.float32)
-        if counters is None:
-            counters = torch.empty(1, device=x.device, dtype=torch.int32)
+    part, counters = split_k_workspace(cfg.split_k, M, N_out, tiles, counters, x.device)
     pdl = uses_pdl(x2, INTERPRETED)
     # The PDL launch needs the raw kernel (wrap_triton has no launch attribute); it runs inside the opaque op.
     kernel = _skinny_kernel if pdl else _launchable(_skinny_kernel)

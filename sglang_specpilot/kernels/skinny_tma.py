@@ -16,8 +16,8 @@ What differs here:
 - Wider weight tiles by default (``BLOCK_N`` 128, the MMA's M side, swap-AB as in ``skinny_gemm``): x's
   tile is re-read from L2 by every program, so a 64-row x tile beside a 64-row W tile doubled the bytes
   each SM moved; at 128 rows of W it is half as much.
-- Split-K as ``skinny_gemm``'s (fp32 partials, a ticket per output tile, the last program sums in split
-  order, so the result does not depend on arrival order, and resets its ticket), its factor from a model
+- Split-K and the epilogue are ``skinny_gemm``'s (``_split_k_sum``: fp32 partials, a ticket per output tile,
+  the last program sums in split order and resets its ticket; ``_finish``), the factor from a model
   of bytes moved over busy program slots (``wave_split``): at 48 tiles (the 8B's qkv in 128-row tiles) and
   one program an SM, skinny_gemm's rule gives 192 programs, two waves of which the second is 45% full.
 
@@ -37,7 +37,19 @@ import triton
 import triton.language as tl
 
 from .launch import interpreted
-from .skinny_gemm import MAX_ROWS, MAX_SKINNY_N, MIN_ROWS, SMALL_WEIGHT, SMEM_BYTES, SMS_H200, block_m, skinny_gemm_ref
+from .skinny_gemm import (
+    MAX_ROWS,
+    MAX_SKINNY_N,
+    MIN_ROWS,
+    SMALL_WEIGHT,
+    SMEM_BYTES,
+    SMS_H200,
+    _finish,
+    _split_k_sum,
+    block_m,
+    skinny_gemm_ref,
+    split_k_workspace,
+)
 
 SMS = SMS_H200  # the H100's and H200's SM count (132)
 
@@ -153,27 +165,13 @@ def _tma_kernel(
     ms = tl.arange(0, BLOCK_M)
     n_ok = rows < N
     out_mask = n_ok[:, None] & (ms < M)[None, :]
-    y_ptrs = y_ptr + ms[None, :] * stride_ym + rows[:, None]
     if split_k == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+        _finish(acc, acc, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, b_ptr, 0, n_ok, N, HAS_BIAS, False, False)
     else:
-        plane = N * M  # partial s of the [split_k, M, N] workspace starts at s * plane
-        part = part_ptr + ms[None, :] * N + rows[:, None]
-        tl.store(part + pid_k.to(tl.int64) * plane, acc, mask=out_mask)
-        # Every thread's partial is stored before one thread takes the ticket; acquire-release, so the last
-        # program to arrive sees every partial (as in skinny_gemm).
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == split_k - 1:
-            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for p in range(0, split_k):  # split order: the sum does not depend on arrival order
-                total += tl.load(part + p * plane, mask=out_mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(b_ptr + rows, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(counter_ptr + pid_n, 0)
+        last, total = _split_k_sum(acc, part_ptr, counter_ptr, pid_n, pid_k, split_k, rows, ms, out_mask, M, N)
+        if last:
+            _finish(total, total, y_ptr, stride_ym, rows, ms, out_mask, b_ptr, b_ptr, 0, n_ok, N, HAS_BIAS, False,
+                    False)  # fmt: skip
 
 
 INTERPRETED = interpreted(_tma_kernel)
@@ -208,14 +206,7 @@ def skinny_tma(
     bm = block_m(M)
     tiles = triton.cdiv(N, cfg.block_n)
     y = torch.empty((M, N), device=x.device, dtype=x.dtype)
-    if cfg.split_k > 1:
-        if counters is None or counters.numel() < tiles:
-            raise ValueError(f"split-K over {tiles} tiles needs a counters buffer of at least {tiles} slots")
-        part = torch.empty((cfg.split_k, M, N), device=x.device, dtype=torch.float32)
-    else:  # unused, but typed as the kernel expects
-        part = torch.empty(1, device=x.device, dtype=torch.float32)
-        if counters is None:
-            counters = torch.empty(1, device=x.device, dtype=torch.int32)
+    part, counters = split_k_workspace(cfg.split_k, M, N, tiles, counters, x.device)
     w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     x_desc = TensorDescriptor.from_tensor(x2, [bm, cfg.block_k])
     _tma_kernel[(tiles, cfg.split_k)](
