@@ -111,6 +111,20 @@ def kernel_cases(test_file: str, module, kernel: str):
     return interp, "cuda" if torch.cuda.is_available() else "cpu", case, test_kernel_cases_in_interpreter
 
 
+def gemm_inputs(M: int, N: int, K: int, bias: bool, seed: int = 0, device: str = "cpu"):
+    """bf16 (x [M, K], weight [N, K] scaled by 1/sqrt(K), bias [N] or None) for the verify-rows GEMM tests."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(N, K, generator=g) / K**0.5).to(torch.bfloat16).to(device)
+    b = torch.randn(N, generator=g).to(torch.bfloat16).to(device) if bias else None
+    return x, w, b
+
+
+def within_bf16_ulp(y, ref, ulps: int = 1) -> bool:
+    """One bf16 rounding of an fp32 sum taken in another order: within ``ulps`` bf16 ulps of the reference."""
+    return bool(((y.float() - ref.float()).abs() <= ref.float().abs().clamp_min(1e-3) * ulps * 2**-7).all())
+
+
 # ---------------------------------------------------------------------------------------------------------
 # W12 kernels (test_w12_kernels.py, test_w12_mma.py)
 # ---------------------------------------------------------------------------------------------------------

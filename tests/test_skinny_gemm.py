@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import run_kernel_cases_in_interpreter
+from helpers import gemm_inputs, run_kernel_cases_in_interpreter, within_bf16_ulp
 
 S = importlib.import_module("sglang_specpilot.kernels.skinny_gemm")
 
@@ -19,16 +19,7 @@ kernel_case = pytest.mark.skipif(not HERE, reason="needs a GPU or TRITON_INTERPR
 
 
 def _inputs(M, N, K, bias, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEVICE)
-    w = (torch.randn(N, K, generator=g) / K**0.5).to(torch.bfloat16).to(DEVICE)
-    b = torch.randn(N, generator=g).to(torch.bfloat16).to(DEVICE) if bias else None
-    return x, w, b
-
-
-def _within_ulp(y, ref, ulps: int = 1) -> bool:
-    # One bf16 rounding of an fp32 sum taken in another order: within one bf16 ulp of the reference.
-    return bool(((y.float() - ref.float()).abs() <= ref.float().abs().clamp_min(1e-3) * ulps * 2**-7).all())
+    return gemm_inputs(M, N, K, bias, seed, DEVICE)
 
 
 @kernel_case
@@ -40,7 +31,7 @@ def test_kernel_skinny_matches_the_reference(M, N, K, bias):
     cfg = S.SkinnyConfig(64, 64, 1, 4, 2)
     y = S.skinny_gemm(x, w, b, config=cfg)
     assert y.shape == (M, N) and y.dtype == x.dtype
-    assert _within_ulp(y, S.skinny_gemm_ref(x, w, b))
+    assert within_bf16_ulp(y, S.skinny_gemm_ref(x, w, b))
 
 
 @kernel_case
@@ -50,12 +41,12 @@ def test_kernel_skinny_split_k_is_deterministic_and_resets_its_counters(M, split
     counters = S.new_counters(DEVICE)
     cfg = S.SkinnyConfig(64, 64, split, 4, 2)
     y = S.skinny_gemm(x, w, b, counters=counters, config=cfg)
-    assert _within_ulp(y, S.skinny_gemm_ref(x, w, b))
+    assert within_bf16_ulp(y, S.skinny_gemm_ref(x, w, b))
     assert int(counters.abs().sum()) == 0
     assert torch.equal(S.skinny_gemm(x, w, b, counters=counters, config=cfg), y)
     # the split sum (in split order) equals the one-split result only up to rounding, never by chance
     one = S.skinny_gemm(x, w, b, config=cfg._replace(split_k=1))
-    assert _within_ulp(one, S.skinny_gemm_ref(x, w, b))
+    assert within_bf16_ulp(one, S.skinny_gemm_ref(x, w, b))
 
 
 @kernel_case
@@ -105,9 +96,9 @@ def test_kernel_skinny_swiglu_epilogue_is_silu_mul_of_the_product(M, half, K, bi
     # The gate and up halves rounded as the projection's output, then silu(g) * u in fp32 rounded once
     # (compiled silu_mul; eager torch rounds silu's output too): within the one rounding, whatever the fp32
     # sigmoid's last bit.
-    assert _within_ulp(y, _act(gate_up))
+    assert within_bf16_ulp(y, _act(gate_up))
     # Against the fp32 reference: three roundings (gate, up, the product), truncations in the interpreter.
-    assert _within_ulp(y, S.skinny_gemm_ref(x, w, b, swiglu=True), 3 if S.INTERPRETED else 2)
+    assert within_bf16_ulp(y, S.skinny_gemm_ref(x, w, b, swiglu=True), 3 if S.INTERPRETED else 2)
     swapped = torch.cat([w[half:], w[:half]])  # gate and up the wrong way round: a different activation
     assert not torch.equal(S.skinny_gemm(x, swapped, None, config=cfg, swiglu=True), y)
     assert torch.equal(S.skinny_gemm(x, w, b, config=cfg, swiglu=True), y)  # deterministic
@@ -132,8 +123,8 @@ def test_kernel_verify_layer_fuses_silu_mul_and_residuals_for_verify_rows(monkey
     assert not L.fuses_norm(lin, norm, x)  # no norm prologue on the verify GEMM
     assert L.swiglu_linear(w13, x[:, :6]) is None
     act = L.swiglu_linear(w13, x)
-    assert act.shape == (1, 7, 96) and _within_ulp(act[0], _act(w13(x))[0])
-    assert _within_ulp(L.residual_linear(lin, x, res)[0], (res + lin(x))[0])
+    assert act.shape == (1, 7, 96) and within_bf16_ulp(act[0], _act(w13(x))[0])
+    assert within_bf16_ulp(L.residual_linear(lin, x, res)[0], (res + lin(x))[0])
     assert L.fused_down_projection(lin, x, res) is None  # silu in down's prologue is the one-row GEMV's
     monkeypatch.setattr(L, "FUSED_DECODE", False)
     assert L.swiglu_linear(w13, x) is None
@@ -234,9 +225,9 @@ def test_skinny_default_configs_launch_at_every_verify_row_count(proj):
     for M in range(S.MIN_ROWS, S.MAX_ROWS + 1):
         x, w, _ = _inputs(M, N, K, False, seed=M)
         plain = S.skinny_gemm(x, w, None, counters)
-        assert _within_ulp(plain, S.skinny_gemm_ref(x, w)), M
+        assert within_bf16_ulp(plain, S.skinny_gemm_ref(x, w)), M
         if proj == "gate_up":  # silu_mul of the plain product, rounded once
-            assert _within_ulp(S.skinny_gemm(x, w, None, counters, swiglu=True), _act(plain)), M
+            assert within_bf16_ulp(S.skinny_gemm(x, w, None, counters, swiglu=True), _act(plain)), M
         elif proj in ("o", "down"):  # the unfused add, bit for bit
             r = torch.randn(M, N, device="cuda").to(torch.bfloat16)
             assert torch.equal(S.skinny_gemm(x, w, None, counters, residual=r), r + plain), M

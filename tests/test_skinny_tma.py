@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import kernel_cases
+from helpers import gemm_inputs, kernel_cases, within_bf16_ulp
 
 T = importlib.import_module("sglang_specpilot.kernels.skinny_tma")
 S = importlib.import_module("sglang_specpilot.kernels.skinny_gemm")
@@ -18,16 +18,7 @@ INTERP, DEVICE, kernel_case, test_kernel_cases_in_interpreter = kernel_cases(__f
 
 
 def _inputs(M, N, K, bias, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEVICE)
-    w = (torch.randn(N, K, generator=g) / K**0.5).to(torch.bfloat16).to(DEVICE)
-    b = torch.randn(N, generator=g).to(torch.bfloat16).to(DEVICE) if bias else None
-    return x, w, b
-
-
-def _within_ulp(y, ref, ulps: int = 1) -> bool:
-    # One bf16 rounding of an fp32 sum taken in another order: within one bf16 ulp of the reference.
-    return bool(((y.float() - ref.float()).abs() <= ref.float().abs().clamp_min(1e-3) * ulps * 2**-7).all())
+    return gemm_inputs(M, N, K, bias, seed, DEVICE)
 
 
 @kernel_case
@@ -38,7 +29,7 @@ def test_kernel_tma_matches_the_reference(M, N, K, bias):
     x, w, b = _inputs(M, N, K, bias)
     y = T.skinny_tma(x, w, b, config=T.TmaConfig(64, 64, 1, 4, 2))
     assert y.shape == (M, N) and y.dtype == x.dtype
-    assert _within_ulp(y, T.skinny_tma_ref(x, w, b))
+    assert within_bf16_ulp(y, T.skinny_tma_ref(x, w, b))
 
 
 @kernel_case
@@ -48,7 +39,7 @@ def test_kernel_tma_split_k_is_deterministic_and_resets_its_counters(M, split):
     counters = S.new_counters(DEVICE)
     cfg = T.TmaConfig(64, 64, split, 4, 2)
     y = T.skinny_tma(x, w, b, counters=counters, config=cfg)
-    assert _within_ulp(y, T.skinny_tma_ref(x, w, b))
+    assert within_bf16_ulp(y, T.skinny_tma_ref(x, w, b))
     assert int(counters.abs().sum()) == 0
     assert torch.equal(T.skinny_tma(x, w, b, counters=counters, config=cfg), y)
 
@@ -59,7 +50,7 @@ def test_kernel_tma_default_config_and_leading_dims():
     cfg = T.pick_config(12, 300, 256)
     assert cfg.block_n == 128 and cfg.split_k >= 1 and T.stage_bytes(128, 128, 12) * cfg.num_stages < S.SMEM_BYTES
     y = T.skinny_tma(x.view(3, 4, 256), w, counters=S.new_counters(DEVICE))
-    assert y.shape == (3, 4, 300) and _within_ulp(y.reshape(12, 300), T.skinny_tma_ref(x, w))
+    assert y.shape == (3, 4, 300) and within_bf16_ulp(y.reshape(12, 300), T.skinny_tma_ref(x, w))
 
 
 @kernel_case
@@ -73,7 +64,7 @@ def test_kernel_linear_takes_the_tma_rows_and_misaligned_x():
     x = torch.randn(6 * 256 + 1, device=DEVICE).to(torch.bfloat16)[1:].view(6, 256)[:5]
     assert x.data_ptr() % 16
     ref = T.skinny_tma_ref(x, lin.weight.detach(), lin.bias.detach())
-    assert _within_ulp(lin(x), ref)
+    assert within_bf16_ulp(lin(x), ref)
     assert int(lin.counters.abs().sum()) == 0
 
 
@@ -106,5 +97,5 @@ def test_tma_default_configs_launch_at_every_verify_row_count(proj, N, K):
     for M in range(S.MIN_ROWS, S.MAX_ROWS + 1):
         x, w, _ = _inputs(M, N, K, False, seed=M)
         y = T.skinny_tma(x, w, None, counters)
-        assert _within_ulp(y, T.skinny_tma_ref(x, w)), (proj, M)
+        assert within_bf16_ulp(y, T.skinny_tma_ref(x, w)), (proj, M)
         assert torch.equal(T.skinny_tma(x, w, None, counters), y) and int(counters.abs().sum()) == 0, (proj, M)
