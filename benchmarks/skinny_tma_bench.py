@@ -47,6 +47,7 @@ def sweep_configs(M: int, N: int, K: int):
 
 
 def main(argv=None) -> int:
+    from sglang_specpilot.harness.jsonable import write_json
     from sglang_specpilot.kernels.skinny_gemm import new_counters, skinny_gemm, skinny_gemm_ref
     from sglang_specpilot.kernels.skinny_tma import pick_config, skinny_tma
 
@@ -121,10 +122,8 @@ def main(argv=None) -> int:
            "torch": torch.__version__, "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     print(json.dumps(metrics, indent=1))
     if args.results_dir:
-        os.makedirs(args.results_dir, exist_ok=True)
         path = os.path.join(args.results_dir, "skinny_tma_bench.json")
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1, default=str)
+        write_json(path, res, default=str)
         print("wrote", path)
     return 0
 
