@@ -315,33 +315,18 @@ def gamma_of(args: argparse.Namespace) -> int:
     return DEFAULT_GAMMA if args.gamma is None else args.gamma
 
 
-def generate_tree_default(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with GENERATE_TREE's tree where ``generate`` drafts with the shipped drafter on a GPU and no
-    round shape was asked for (--gamma, a tree flag, --ngram, --draft-layers, --tlv, --profile); else unchanged."""
-    if (
-        args.mode != "spec"
-        or args.model is not None
-        or args.draft is not None
-        or args.draft_layers
-        or args.ngram is not None
-        or args.gamma is not None
-        or wants_tree(args)
-        or args.tlv
-        or getattr(args, "profile", None)  # a tuned profile's delta is over stock's chain
-        or not _on_cuda(args.device)
-        or default_drafter() is None
-    ):
-        return args
+def generate_tree_default(args: argparse.Namespace, options):
+    """``options`` (``engine_options(args)``) with GENERATE_TREE's tree where ``generate`` drafts with the
+    shipped drafter on a GPU and no round shape was asked for (--gamma, a tree flag, --tlv, --profile); else
+    unchanged. The shipped drafter is what ``engine_options`` picked: a drafter without --draft."""
+    from dataclasses import replace
+
+    asked = args.gamma is not None or wants_tree(args) or args.tlv or getattr(args, "profile", None)
+    shipped = args.draft is None and options.draft is not None
+    if asked or not shipped or not options.device.startswith("cuda"):
+        return options
     budget, depth, top_k = GENERATE_TREE
-    return argparse.Namespace(**{**vars(args), "tree_budget": budget, "tree_depth": depth, "tree_top_k": top_k})
-
-
-def _on_cuda(device: str) -> bool:
-    if device == "auto":
-        import torch
-
-        return torch.cuda.is_available()
-    return device.startswith("cuda")
+    return replace(options, tree_budget=budget, tree_depth=depth, tree_top_k=top_k)
 
 
 def wants_tree(args: argparse.Namespace) -> bool:
@@ -491,7 +476,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
 
     params = sampling_params(args)  # every argument is checked before a model is loaded
-    options = with_profile(engine_options(generate_tree_default(args)), args)
+    options = with_profile(generate_tree_default(args, engine_options(args)), args)
     check_options(options)
     t0 = time.perf_counter()
     engine = Engine.from_options(options)

@@ -131,7 +131,7 @@ def test_generate_drafts_the_measured_tree_on_a_gpu_only_when_no_shape_is_asked(
 
     def opts(*flags, device="cuda"):
         args = parse(["generate", "--prompt", "x", "--device", device, *flags])
-        return cli.engine_options(cli.generate_tree_default(args))
+        return cli.generate_tree_default(args, cli.engine_options(args))
 
     tree = opts()  # the embedded model, its shipped drafter, a GPU: GENERATE_TREE
     assert (tree.tree_budget, tree.tree_depth, tree.tree_top_k) == cli.GENERATE_TREE and tree.draft is not None
