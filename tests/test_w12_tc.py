@@ -41,6 +41,7 @@ from w12.kernels.config import (
 )
 from w12.kernels.decode import EXACT_QUAD_PTX
 from w12.kernels.gemm import kernel_for
+from w12.kernels.gemm_tc import split_x
 from w12.linear import W12Linear
 
 pytestmark = [
@@ -154,6 +155,7 @@ def test_quad_ptx_decodes_every_code():
 
 TC_ARG_TYPES = {
     "x_ptr": "*bf16",
+    "xs_ptr": "*bf16",
     "hi_ptr": "*u8",
     "lo_ptr": "*u8",
     "base_ptr": "*u8",
@@ -197,6 +199,7 @@ def test_tc_kernel_compiles_for_sm90(M, cfg, view8):
         UPCAST=False,
         UPCAST_OUT=False,
         ESC_PRECISION="tf32x3",
+        X_SPLIT=False,
     )
     k, usage = compile_sm90(
         _w12_tc_kernel, TC_ARG_TYPES, consts, {"N", "K", "C", "stride_xm", "stride_ym"}, cfg.num_warps, cfg.num_stages
@@ -209,6 +212,47 @@ def test_tc_kernel_compiles_for_sm90(M, cfg, view8):
     assert ("0x07F007F0" if view8 else "cvt.u32.u16 l,") in k.asm["ptx"]  # VIEW8_PTX / EXACT_QUAD_PTX
     if usage:
         assert "LOCAL:0" in usage, f"register spills: {usage}"
+
+
+def _k_loop(ttgir: str) -> str:
+    """The body of the kernel's first scf.for (the K loop) in a TTGIR dump."""
+    start = ttgir.index("scf.for")
+    depth, i = 0, ttgir.index("{", start)
+    for j in range(i, len(ttgir)):
+        depth += {"{": 1, "}": -1}.get(ttgir[j], 0)
+        if depth == 0:
+            return ttgir[i:j]
+    raise AssertionError("unterminated loop")
+
+
+@pytest.mark.parametrize("M", [16, 64])
+def test_tc_x_split_feeds_wgmma_from_the_pipeline(M):
+    # X_SPLIT's point, in the sm_90 build: inside the K loop x's operands are never stored to shared memory by
+    # the threads (no local_alloc); they arrive by cp.async into the buffers wgmma reads. Without it, two
+    # local_allocs a step (the split x pairs) and more registers.
+    if INTERPRETED:
+        pytest.skip("the interpreter's kernels are not compiled")
+    pytest.importorskip("triton.backends.nvidia")
+    from w12.kernels.gemm_tc import _w12_tc_kernel
+
+    loops, regs = {}, {}
+    for x_split in (False, True):
+        consts = dict(
+            BLOCK_M=M, BLOCK_N=64, BLOCK_C=64, EVEN_N=True, EVEN_C=True, HAS_BIAS=False, VIEW8=False, USE_ASM=True,
+            UPCAST=False, UPCAST_OUT=False, ESC_PRECISION="tf32x3", X_SPLIT=x_split,
+        )  # fmt: skip
+        k, usage = compile_sm90(_w12_tc_kernel, TC_ARG_TYPES, consts, {"N", "K", "C", "stride_xm", "stride_ym"}, 4, 4)
+        loops[x_split] = _k_loop(k.asm["ttgir"])
+        found = re.search(r"REG:(\d+)", usage)
+        regs[x_split] = int(found.group(1)) if found else None
+        if usage:
+            assert "LOCAL:0" in usage, f"register spills: {usage}"
+    assert loops[False].count("ttg.local_alloc") == 2
+    assert "ttg.local_alloc" not in loops[True]
+    assert loops[True].count("ttng.warp_group_dot ") == 2
+    assert loops[True].count("async_copy_global_to_local") == 4  # hi, lo, x even, x odd
+    if regs[True] is not None and regs[False] is not None:
+        assert regs[True] <= regs[False]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -236,28 +280,46 @@ def _case(M, N, K, seed=0):
     return w, x, gen
 
 
+# The X_SPLIT path (pre-split activations) on the cases whose shapes it changes most: masked K tails, rows past
+# M, split-K, the formula's config.
+X_SPLIT_CASES = [TC_CASES[i] for i in (1, 2, 4, 5, 6, 7)]
+
+
 @kernel_case
-@pytest.mark.parametrize("M,N,K,cfg,with_bias", TC_CASES)
-def test_kernel_tc_matches_reference(M, N, K, cfg, with_bias):
+@pytest.mark.parametrize(
+    "M,N,K,cfg,with_bias,x_split", [(*c, False) for c in TC_CASES] + [(*c, True) for c in X_SPLIT_CASES]
+)
+def test_kernel_tc_matches_reference(M, N, K, cfg, with_bias, x_split):
     w, x, gen = _case(M, N, K)
     assert w.esc_idx.numel() >= 5
     bias = torch.randn(N, generator=gen).to(torch.bfloat16).to(DEVICE) if with_bias else None
     counters = torch.zeros(256, dtype=torch.int32, device=DEVICE)
-    y = w12_gemm(x, w, bias, counters=counters, backend="tc", tc_config=cfg)
+    y = w12_gemm(x, w, bias, counters=counters, backend="tc", tc_config=cfg, x_split=x_split)
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
     ref = w12_gemm_ref(x, w, bias, out_dtype=torch.float32)
-    assert_within(y, ref, gemm_tolerance(x, w, ref), f"tc M={M} N={N} K={K} {cfg}")
+    assert_within(y, ref, gemm_tolerance(x, w, ref), f"tc M={M} N={N} K={K} {cfg} x_split={x_split}")
     assert int(counters.abs().sum()) == 0
 
 
 @kernel_case
+@pytest.mark.parametrize("x_split", [False, True])
 @pytest.mark.parametrize("M,N,K,cfg,with_bias", [TC_CASES[i] for i in (1, 2, 4, 5, 7)])
-def test_kernel_tc_view8_matches_reference(M, N, K, cfg, with_bias):
+def test_kernel_tc_view8_matches_reference(M, N, K, cfg, with_bias, x_split):
     w, x, gen = _case(M, N, K)
     bias = torch.randn(N, generator=gen).to(torch.bfloat16).to(DEVICE) if with_bias else None
-    y = w12_view8_gemm(x, w, bias, backend="tc") if cfg is None else w12_view8_gemm(x, w, bias, tc_config=cfg)
+    if cfg is None:
+        y = w12_view8_gemm(x, w, bias, backend="tc", x_split=x_split)
+    else:
+        y = w12_view8_gemm(x, w, bias, tc_config=cfg, x_split=x_split)
     ref = w12_view8_gemm_ref(x, w, bias, out_dtype=torch.float32)
-    assert_within(y, ref, gemm_tolerance(x, w, ref, view8=True), f"tc view8 M={M} N={N} K={K} {cfg}")
+    assert_within(y, ref, gemm_tolerance(x, w, ref, view8=True), f"tc view8 M={M} N={N} K={K} {cfg} {x_split}")
+
+
+def test_split_x_layout():
+    x = torch.arange(3 * 10, dtype=torch.float32).reshape(3, 10).to(torch.bfloat16)
+    xs = split_x(x)
+    assert xs.shape == (2, 3, 5) and xs.is_contiguous()
+    assert torch.equal(xs[0], x[:, 0::2]) and torch.equal(xs[1], x[:, 1::2])
 
 
 @kernel_case
@@ -270,13 +332,14 @@ def test_kernel_tc_one_hot_x_reproduces_weights():
     M = len(ks)
     x = torch.zeros(M, K, dtype=torch.bfloat16, device=DEVICE)
     x[torch.arange(M, device=DEVICE), ks] = 1.0
-    y = w12_gemm(x, w, tc_config=TcConfig(32, 64, split_k=2))
     want = w_bf16[:, ks].T
     escape = torch.zeros(N * K, dtype=torch.bool, device=DEVICE)
     escape[w.esc_idx] = True
     escape = escape.view(N, K)[:, ks].T
     assert escape.any()
-    assert torch.equal(bits16(y)[~escape], bits16(want)[~escape])
+    for x_split in (False, True):
+        y = w12_gemm(x, w, tc_config=TcConfig(32, 64, split_k=2), x_split=x_split)
+        assert torch.equal(bits16(y)[~escape], bits16(want)[~escape]), x_split
 
 
 @kernel_case
@@ -369,8 +432,11 @@ def test_sweep_dry_run_on_cpu(monkeypatch, tmp_path):
     m1 = {"M": 1, "N": 48, "K": 128, "w12_kernel": "quad", "speedup": 1.0, "best_config": TcConfig().to_dict()}
     assert tc_table_key(1, 48, 128) not in suite.chosen_table([{**m1, "speedup_best": 1.01}])
     assert tc_table_key(1, 48, 128) in suite.chosen_table([{**m1, "speedup_best": 1.05}])
+    assert any(k.endswith(":xs") for k in r["sweep"]) and not any(k.endswith(":xs") for k in rows[0].get("sweep", {}))
+    assert r["w12_xs0_us"] > 0 and r["w12_xs1_us"] > 0 and "x_split_gain" in r and "w12_xs0_us" not in rows[0]
     metrics = suite.summarize(rows)
     assert {"gemm_speedup_best_geomean_m8_llama8b", "achieved_TBps_o_m8_llama8b"} <= set(metrics)
+    assert {"gemm_speedup_xsplit0_geomean_m8_llama8b", "gemm_speedup_xsplit1_geomean_m8_llama8b"} <= set(metrics)
     args.results_dir = tmp_path
     suite._write_partial(args, rows, 1.5)
     partial = json.loads((tmp_path / "w12_gemm_partial.json").read_text())

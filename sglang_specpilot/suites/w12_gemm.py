@@ -101,6 +101,11 @@ def summarize(rows: list[dict]) -> dict[str, float]:
                 metrics[f"gemm_speedup_cuda_kernel_geomean_m{M}_{short}"] = round(
                     geomean(r["w12_cuda_speedup"] for r in sel), 4
                 )
+            if sel and all("w12_xs1_speedup" in r for r in sel):
+                for flag in (0, 1):
+                    metrics[f"gemm_speedup_xsplit{flag}_geomean_m{M}_{short}"] = round(
+                        geomean(r[f"w12_xs{flag}_speedup"] for r in sel), 4
+                    )
             if all("w12_TBps" in r for r in sel) and M == 1:
                 metrics[f"w12_TBps_geomean_m1_{short}"] = round(geomean(r["w12_TBps"] for r in sel), 3)
     return metrics
@@ -122,6 +127,12 @@ def _args(p: argparse.ArgumentParser) -> None:
         help="M at which the tensor-core configs are swept (M = 1: against the quad kernel)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-x-split-ab",
+        dest="x_split_ab",
+        action="store_false",
+        help="time the tensor-core kernel only on its default activation path (not also with split_x)",
+    )
 
 
 def synthetic_weight(K: int, N: int, seed: int) -> torch.Tensor:
@@ -168,7 +179,7 @@ def _check(x, w, cuda_kernel: bool = False) -> dict:
 def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> list[dict]:
     """Rows of one projection at every M: cuBLAS, W12 and (unless --no-view8) the 8-bit view."""
     from w12.codec import encode
-    from w12.kernels import escape_row_ptr, kernel_for, w12_gemm, w12_view8_gemm
+    from w12.kernels import escape_row_ptr, gemm_tc, kernel_for, w12_gemm, w12_view8_gemm
 
     from ..harness.graphs import graph_replay
     from ..harness.timing import paired_timing
@@ -210,9 +221,16 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
             variants["w12_cuda"] = replay(
                 _over_copies(w12_gemm, x, w12s, esc_row_ptr=row_ptr, counters=counters, backend="cuda")
             )
+        # The tensor-core kernel's two activation paths, both at the launcher's tile (kernel_for: M >= 2).
+        both_x = M > 1 and gemm_tc.supports(K) and getattr(args, "x_split_ab", True)
+        if both_x:
+            for flag in (False, True):
+                variants[f"w12_xs{int(flag)}"] = replay(
+                    _over_copies(w12_gemm, x, w12s, esc_row_ptr=row_ptr, counters=counters, x_split=flag)
+                )
         swept, sweep_bad = {}, 0
         if M in sweep_ms:
-            swept, sweep_bad = _sweep_variants(x, w, w12s, row_ptr, counters, replay)
+            swept, sweep_bad = _sweep_variants(x, w, w12s, row_ptr, counters, replay, getattr(args, "x_split_ab", True))
             variants.update({name: fn for name, (fn, _) in swept.items()})
         times = paired_timing(variants, blocks=args.blocks, inner=args.inner, device=DEVICE)
         us = {name: times.median(name) / copies * 1e6 for name in variants}
@@ -238,6 +256,11 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
             **check,
         }
         row["w12_kernel"] = kernel_for(M, K, N=N, device=x.device)
+        if both_x:
+            for flag in (0, 1):
+                row[f"w12_xs{flag}_us"] = us[f"w12_xs{flag}"]
+                row[f"w12_xs{flag}_speedup"] = times.ratio("cublas", f"w12_xs{flag}").ratio
+            row["x_split_gain"] = times.ratio("w12_xs0", "w12_xs1").to_dict()
         line = f"{model:>13} {proj:>8} M={M:<3} cublas {us['cublas']:8.1f} us  w12 {us['w12']:8.1f} us"
         line += f" ({ci.ratio:.3f}x, {row['w12_TBps']:.2f} TB/s)"
         if swept:
@@ -247,6 +270,7 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
             row["speedup_best"] = times.ratio("cublas", best).ratio
             row["w12_best_TBps"] = (w12_bytes + act) / us[best] / 1e6
             row["best_config"] = cfg.to_dict()
+            row["best_x_split"] = best.endswith(":xs")
             row["sweep"] = {name: round(us[name], 3) for name in swept}
             row["sweep_outside_tolerance"] = sweep_bad
             line += f"  best {us[best]:8.1f} us ({row['speedup_best']:.3f}x) {best}"
@@ -259,6 +283,8 @@ def _time_shape(model: str, proj: str, K: int, N: int, Ms: list[int], args) -> l
             row["w12_cuda_us"] = us["w12_cuda"]
             row["w12_cuda_speedup"] = times.ratio("cublas", "w12_cuda").ratio
             line += f"  cuda {us['w12_cuda']:8.1f} us ({row['w12_cuda_speedup']:.3f}x)"
+        if both_x:
+            line += f"  x_split {row['w12_xs0_speedup']:.3f}x -> {row['w12_xs1_speedup']:.3f}x"
         print(line, flush=True)
         rows.append(row)
     return rows
@@ -289,9 +315,10 @@ def tc_label(cfg) -> str:
     return f"tc:n{cfg.block_n}k{cfg.block_k}s{cfg.split_k}w{cfg.num_warps}st{cfg.num_stages}"
 
 
-def _sweep_variants(x, w, w12s, row_ptr, counters, replay) -> tuple[dict, int]:
+def _sweep_variants(x, w, w12s, row_ptr, counters, replay, x_split_ab: bool = True) -> tuple[dict, int]:
     """``{label: (timed fn, config)}`` of the sweep's configs that stay within tolerance at this x, and the
-    number that did not (0 expected)."""
+    number that did not (0 expected); with ``x_split_ab`` every config also with pre-split activations
+    (``gemm_tc.split_x``, label suffix ":xs")."""
     from w12.kernels import gemm_tc, gemm_tolerance, w12_gemm, w12_gemm_ref
 
     (M, K), N = x.shape, w.shape[0]
@@ -301,18 +328,21 @@ def _sweep_variants(x, w, w12s, row_ptr, counters, replay) -> tuple[dict, int]:
     ref = w12_gemm_ref(x, w, out_dtype=torch.float32)
     tol = gemm_tolerance(x, w, ref)
     out, bad = {}, 0
+    flags = (False, True) if x_split_ab and M > 1 else (False,)
     for cfg in sweep_configs(M, N, K, num_sms):
-        try:
-            y = w12_gemm(x, w, esc_row_ptr=row_ptr, counters=counters, tc_config=cfg)
-        except Exception as exc:  # a config that does not fit here (shared memory, registers): not timed
-            print(f"  {tc_label(cfg)} failed at M={M} N={N} K={K}: {repr(exc)[:200]}", flush=True)
-            continue
-        if not bool(((y.float() - ref).abs() <= tol).all()):
-            bad += 1
-            print(f"  {tc_label(cfg)} outside tolerance at M={M} N={N} K={K}: not timed", flush=True)
-            continue
-        fn = replay(_over_copies(w12_gemm, x, w12s, esc_row_ptr=row_ptr, counters=counters, tc_config=cfg))
-        out[tc_label(cfg)] = (fn, cfg)
+        for flag in flags:
+            label = tc_label(cfg) + (":xs" if flag else "")
+            kw = dict(esc_row_ptr=row_ptr, counters=counters, tc_config=cfg, x_split=flag)
+            try:
+                y = w12_gemm(x, w, **kw)
+            except Exception as exc:  # a config that does not fit here (shared memory, registers): not timed
+                print(f"  {label} failed at M={M} N={N} K={K}: {repr(exc)[:200]}", flush=True)
+                continue
+            if not bool(((y.float() - ref).abs() <= tol).all()):
+                bad += 1
+                print(f"  {label} outside tolerance at M={M} N={N} K={K}: not timed", flush=True)
+                continue
+            out[label] = (replay(_over_copies(w12_gemm, x, w12s, **kw)), cfg)
     return out, bad
 
 

@@ -372,6 +372,7 @@ def launch(
     backend: str = "auto",
     mma_config: MmaConfig | None = None,
     tc_config: TcConfig | None = None,
+    x_split: bool | None = None,
 ) -> torch.Tensor:
     """Shared launcher of ``w12_gemm`` and ``w12_view8_gemm``: checks, then one kernel (``kernel_for``): the
     quad Triton op ``w12::gemm`` (backend "triton"), the tensor-core Triton op ``w12::tc_gemm`` (backend
@@ -409,8 +410,9 @@ def launch(
     kernel = kernel_for(x2.shape[0], K, view8=view8, backend=backend, config=config, tc_config=tc_config)
     if kernel == "tc":
         y = gemm_tc.tc_gemm(
-            x2, hi, lo, w.base, esc_idx, esc_val, esc_row_ptr, bias, counters, tc_config, use_asm, view8=view8
-        )
+            x2, hi, lo, w.base, esc_idx, esc_val, esc_row_ptr, bias, counters, tc_config, use_asm, view8=view8,
+            x_split=x_split,
+        )  # fmt: skip
         return y.reshape(*lead, N)
     # "auto" is Triton: on the H200 (2026-11-29, Llama-3.1-8B projections) the CUDA kernel measured 0.58-1.22x
     # cuBLAS at M = 1 and 0.35-0.48x at M = 32, the Triton FMA kernel 1.00-1.25x at M = 1 (see the README).
@@ -489,6 +491,7 @@ def w12_gemm(
     backend: str = "auto",
     mma_config: MmaConfig | None = None,
     tc_config: TcConfig | None = None,
+    x_split: bool | None = None,
 ) -> torch.Tensor:
     """Exact-weight GEMM ``y = x @ W^T + bias`` with W decoded in registers from its W12 planes.
 
@@ -508,6 +511,7 @@ def w12_gemm(
         (``mma.py``, K % 64 == 0)
     mma_config : launch shape of the CUDA kernel (None: its heuristic)
     tc_config : launch configuration of the tensor-core kernel (runs it; None: ``config.pick_tc_config``)
+    x_split : the tensor-core kernel's pre-split activations (``gemm_tc.split_x``; None: its default)
 
     Returns
     -------
@@ -517,7 +521,7 @@ def w12_gemm(
         return w12_gemm_ref(x, w, bias)
     return launch(
         x, w, bias, view8=False, esc_row_ptr=esc_row_ptr, counters=counters, config=config, use_asm=use_asm,
-        backend=backend, mma_config=mma_config, tc_config=tc_config,
+        backend=backend, mma_config=mma_config, tc_config=tc_config, x_split=x_split,
     )  # fmt: skip
 
 

@@ -36,6 +36,8 @@ interpreter, operands are upcast to fp32 (its bf16 ``tl.dot`` multiplies raw bit
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -104,7 +106,8 @@ def _bits_to_operand(bits, UPCAST: tl.constexpr):
 # one per tile shape and M bucket, so the benchmark's sweep compiles ~15 kernels, not ~40.
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _w12_tc_kernel(
-    x_ptr,  # bf16 [M, K], read as uint32 pairs (stride_xm even, 4-byte aligned)
+    x_ptr,  # bf16 [M, K], read as uint32 pairs (stride_xm even, 4-byte aligned); the escapes read it always
+    xs_ptr,  # X_SPLIT: bf16 [2, M, C], x's even columns then its odd ones (``split_x``); else unused
     hi_ptr,  # uint8 [N, K], read as uint16 [N, C]
     lo_ptr,  # uint8 [N, C]
     base_ptr,
@@ -133,6 +136,7 @@ def _w12_tc_kernel(
     UPCAST: tl.constexpr,
     UPCAST_OUT: tl.constexpr,
     ESC_PRECISION: tl.constexpr,
+    X_SPLIT: tl.constexpr,
 ):
     # -- program id -> (weight rows, K split, activation rows) ---------------------------------------------
     pid_n = tl.program_id(0)
@@ -154,6 +158,10 @@ def _w12_tc_kernel(
     hi16 = hi_ptr.to(tl.pointer_type(tl.uint16)) + plane_offs
     lo8 = lo_ptr + plane_offs
     x32 = x_ptr.to(tl.pointer_type(tl.uint32)) + ms[None, :] * (stride_xm // 2) + cs[:, None]
+    # X_SPLIT: the two operand tiles [BLOCK_M, BLOCK_C] of the even and the odd columns, loaded as they are and
+    # fed to wgmma from the pipeline's shared-memory buffers (see ``split_x``).
+    xe = xs_ptr + ms[:, None] * C + cs[None, :]  # int32: the launcher keeps M * K below 2**31
+    xo = xe + M * C
 
     # -- this split's K tiles --------------------------------------------------------------------------------
     c_tiles = tl.cdiv(C, BLOCK_C)
@@ -163,6 +171,8 @@ def _w12_tc_kernel(
     hi16 += ct0 * BLOCK_C
     lo8 += ct0 * BLOCK_C
     x32 += ct0 * BLOCK_C
+    xe += ct0 * BLOCK_C
+    xo += ct0 * BLOCK_C
 
     # -- the K loop: stream the planes, decode elementwise, two MMAs -----------------------------------------
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -176,21 +186,34 @@ def _w12_tc_kernel(
             h = tl.load(hi16, mask=w_ok, other=0, eviction_policy="evict_first")
             if not VIEW8:
                 lo = tl.load(lo8, mask=w_ok, other=0, eviction_policy="evict_first")
-        if EVEN_C:
-            xp = tl.load(x32, mask=m_ok[None, :], other=0)
+        if X_SPLIT:
+            if EVEN_C:
+                x_ok = m_ok[:, None]
+            else:
+                x_ok = m_ok[:, None] & (cs[None, :] < C - ct * BLOCK_C)
+            x_even = tl.trans(tl.load(xe, mask=x_ok, other=0.0))
+            x_odd = tl.trans(tl.load(xo, mask=x_ok, other=0.0))
+            if UPCAST:
+                x_even = x_even.to(tl.float32)
+                x_odd = x_odd.to(tl.float32)
         else:
-            xp = tl.load(x32, mask=m_ok[None, :] & (cs[:, None] < C - ct * BLOCK_C), other=0)
+            if EVEN_C:
+                xp = tl.load(x32, mask=m_ok[None, :], other=0)
+            else:
+                xp = tl.load(x32, mask=m_ok[None, :] & (cs[:, None] < C - ct * BLOCK_C), other=0)
+            x_even = _bits_to_operand((xp & 0xFFFF).to(tl.uint16), UPCAST)
+            x_odd = _bits_to_operand((xp >> 16).to(tl.uint16), UPCAST)
         if VIEW8:
             w_even, w_odd = _decode_pairs_view8(h, b7, USE_ASM)
         else:
             w_even, w_odd = _decode_pairs(h, lo, b7, USE_ASM)
-        x_even = _bits_to_operand((xp & 0xFFFF).to(tl.uint16), UPCAST)
-        x_odd = _bits_to_operand((xp >> 16).to(tl.uint16), UPCAST)
         acc = tl.dot(_bits_to_operand(w_even, UPCAST), x_even, acc)
         acc = tl.dot(_bits_to_operand(w_odd, UPCAST), x_odd, acc)
         hi16 += BLOCK_C
         lo8 += BLOCK_C
         x32 += BLOCK_C
+        xe += BLOCK_C
+        xo += BLOCK_C
 
     # -- epilogue: escapes (split s takes chunks s, s + split_k, ..), bias, BF16 store or the split-K sum -----
     if not VIEW8:
@@ -256,6 +279,7 @@ def _w12_tc_gemm_op(
     esc_row_ptr: torch.Tensor,
     bias: torch.Tensor | None,
     counters: torch.Tensor,
+    xs: torch.Tensor | None,
     view8: bool,
     block_n: int,
     block_k: int,
@@ -264,9 +288,10 @@ def _w12_tc_gemm_op(
     num_stages: int,
     use_asm: bool,
 ) -> torch.Tensor:
-    # Opaque custom op, as gemm.py's: the config lookup happens in run(), in eager code.
+    # Opaque custom op, as gemm.py's: the config lookup happens in run(), in eager code. ``xs`` is made
+    # outside it (``tc_gemm``), in traced code, so that a compiled model fuses the split into x's producer.
     cfg = (block_n, block_k, split_k, num_warps, num_stages)
-    return run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, cfg, use_asm, view8)
+    return run(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, cfg, use_asm, view8, xs)
 
 
 def run(
@@ -282,10 +307,11 @@ def run(
     config: tuple[int, int, int, int, int],
     use_asm: bool,
     view8: bool = False,
+    xs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The body of the ``w12::tc_gemm`` op (eager; ``gemm.py``'s op calls it too): ``config`` holds
     ``TcConfig.op_args()``, or block_n = 0 for ``pick_tc_config``'s choice; ``view8``: the 8-bit view (lo and
-    the escapes are not read)."""
+    the escapes are not read); ``xs``: ``split_x(x)``, which selects the X_SPLIT operand path."""
     block_n, block_k, split_k, num_warps, num_stages = config
     if x.stride(0) % 2 or x.data_ptr() % 4:  # x is read as uint32 pairs
         x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)  # fresh: aligned rows
@@ -293,6 +319,8 @@ def run(
         hi = hi.clone()
     M, K = x.shape
     N = hi.shape[0]
+    if xs is not None:
+        assert xs.shape == (2, M, K // 2) and xs.is_contiguous() and M * K < 2**31, "xs: split_x(x)"
     if block_n == 0:
         cfg = pick_tc_config(M, N, K, x.device, view8=view8)
     else:
@@ -309,6 +337,7 @@ def run(
     block_c = cfg.block_k // 2
     _w12_tc_kernel[grid](
         x,
+        xs if xs is not None else x,  # unused without X_SPLIT
         hi,
         lo,
         base,
@@ -337,6 +366,7 @@ def run(
         UPCAST=INTERPRETED,
         UPCAST_OUT=INTERPRETED,
         ESC_PRECISION="ieee" if INTERPRETED else "tf32x3",
+        X_SPLIT=xs is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -344,8 +374,23 @@ def run(
 
 
 @_w12_tc_gemm_op.register_fake
-def _(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, view8, *config):
+def _(x, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, xs, view8, *config):
     return x.new_empty((x.shape[0], hi.shape[0]))
+
+
+def split_x(x2: torch.Tensor) -> torch.Tensor:
+    """``[2, M, K / 2]``: x's even columns, then its odd ones, each contiguous (the X_SPLIT operands)."""
+    M, K = x2.shape
+    return x2.unflatten(1, (K // 2, 2)).permute(2, 0, 1).contiguous()
+
+
+# Whether tc_gemm feeds wgmma pre-split activations (X_SPLIT) when its caller does not say: x's even and odd
+# columns come through the pipeline straight into wgmma's shared-memory operand, instead of being loaded as
+# uint32 pairs, split in registers and stored back to shared memory every K-step. In the sm_90 build at
+# M = 64 (64 x 128 tiles) that per-step round trip was two local_alloc stores, a fence and a wgmma wait, and
+# 186 registers against 152 (tests/test_w12_tc.py checks the IR). NOT YET TIMED on a GPU: off until
+# the w12_gemm suite's sweep (which times both paths) has measured it; SPECPILOT_W12_X_SPLIT=1 turns it on.
+X_SPLIT_DEFAULT = os.environ.get("SPECPILOT_W12_X_SPLIT", "0") == "1"
 
 
 def tc_gemm(
@@ -361,10 +406,13 @@ def tc_gemm(
     config: TcConfig | None = None,
     use_asm: bool | None = None,
     view8: bool = False,
+    x_split: bool | None = None,
 ) -> torch.Tensor:
     """``x2 [M, K] @ W^T (+ bias)`` for 2-D bf16 x2 with unit stride along K and an even K (the other checks
     are the caller's, ``gemm.launch``). ``config`` None: ``config.pick_tc_config`` (tuned table with a
-    nearest-shape rule, else the formula); ``use_asm`` as in ``gemm.w12_gemm``; ``view8``: the 8-bit view."""
+    nearest-shape rule, else the formula); ``use_asm`` as in ``gemm.w12_gemm``; ``view8``: the 8-bit view;
+    ``x_split``: the X_SPLIT operand path (None: ``X_SPLIT_DEFAULT``)."""
     c = (0, 0, 1, 4, 3) if config is None else config.op_args()
     asm = USE_ASM if use_asm is None else use_asm
-    return _w12_tc_gemm_op(x2, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, view8, *c, asm)
+    xs = split_x(x2) if (X_SPLIT_DEFAULT if x_split is None else x_split) else None
+    return _w12_tc_gemm_op(x2, hi, lo, base, esc_idx, esc_val, esc_row_ptr, bias, counters, xs, view8, *c, asm)

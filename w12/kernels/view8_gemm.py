@@ -33,6 +33,7 @@ def w12_view8_gemm(
     backend: str = "auto",
     mma_config=None,
     tc_config=None,
+    x_split: bool | None = None,
 ) -> torch.Tensor:
     """Approximate GEMM ``y = x @ W8^T + bias`` reading only the hi plane of ``w``.
 
@@ -40,7 +41,7 @@ def w12_view8_gemm(
     ----------
     x : [..., K] bfloat16
     w : W12Tensor [N, K] on x's device (lo and escapes are not read)
-    bias, counters, config, use_asm, backend, mma_config, tc_config : as in ``gemm.w12_gemm`` (the same kernel
+    bias, counters, config, use_asm, backend, mma_config, tc_config, x_split : as in ``gemm.w12_gemm`` (the same kernel
         per M: the quad kernel at M = 1, the tensor-core one from M = 2)
 
     Returns
@@ -52,7 +53,7 @@ def w12_view8_gemm(
         return w12_view8_gemm_ref(x, w, bias)
     return launch(
         x, w, bias, view8=True, counters=counters, config=config, use_asm=use_asm, backend=backend,
-        mma_config=mma_config, tc_config=tc_config,
+        mma_config=mma_config, tc_config=tc_config, x_split=x_split,
     )  # fmt: skip
 
 
