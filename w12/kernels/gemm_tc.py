@@ -176,6 +176,7 @@ def _w12_tc_kernel(
 
     # -- the K loop: stream the planes, decode elementwise, two MMAs -----------------------------------------
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_o = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # X_SPLIT: the odd columns' own accumulator
     for ct in range(ct0, ct1):
         if EVEN_N and EVEN_C:
             h = tl.load(hi16, eviction_policy="evict_first")
@@ -208,13 +209,18 @@ def _w12_tc_kernel(
         else:
             w_even, w_odd = _decode_pairs(h, lo, b7, USE_ASM)
         acc = tl.dot(_bits_to_operand(w_even, UPCAST), x_even, acc)
-        acc = tl.dot(_bits_to_operand(w_odd, UPCAST), x_odd, acc)
+        if X_SPLIT:
+            acc_o = tl.dot(_bits_to_operand(w_odd, UPCAST), x_odd, acc_o)
+        else:
+            acc = tl.dot(_bits_to_operand(w_odd, UPCAST), x_odd, acc)
         hi16 += BLOCK_C
         lo8 += BLOCK_C
         x32 += BLOCK_C
         xe += BLOCK_C
         xo += BLOCK_C
 
+    if X_SPLIT:
+        acc += acc_o
     # -- epilogue: escapes (split s takes chunks s, s + split_k, ..), bias, BF16 store or the split-K sum -----
     if not VIEW8:
         acc = _apply_escapes(
@@ -386,9 +392,11 @@ def split_x(x2: torch.Tensor) -> torch.Tensor:
 
 # Whether tc_gemm feeds wgmma pre-split activations (X_SPLIT) when its caller does not say: x's even and odd
 # columns come through the pipeline straight into wgmma's shared-memory operand, instead of being loaded as
-# uint32 pairs, split in registers and stored back to shared memory every K-step. In the sm_90 build at
-# M = 64 (64 x 128 tiles) that per-step round trip was two local_alloc stores, a fence and a wgmma wait, and
-# 186 registers against 152 (tests/test_w12_tc.py checks the IR). NOT YET TIMED on a GPU: off until
+# uint32 pairs, split in registers and stored back to shared memory every K-step. The even and odd columns
+# also accumulate apart (summed after the loop), so no wgmma waits for the previous one. In the sm_90 build
+# at M = 64 (64 x 128 tiles) the default path's K loop has two local_alloc stores, fences and two full
+# wgmma waits a step; X_SPLIT's has none of them, at 198 registers against 180 (tests/test_w12_tc.py checks
+# the IR). NOT YET TIMED on a GPU: off until
 # the w12_gemm suite's sweep (which times both paths) has measured it; SPECPILOT_W12_X_SPLIT=1 turns it on.
 X_SPLIT_DEFAULT = os.environ.get("SPECPILOT_W12_X_SPLIT", "0") == "1"
 
