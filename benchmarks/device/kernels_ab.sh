@@ -3,8 +3,8 @@
 # kernel's bench, a shorter sweep). Each part checks its outputs against its reference before timing.
 #   bash benchmarks/device/kernels_ab.sh
 set -u
-SPECPILOT_W12_X_SPLIT=0 timeout 330 python benchmarks/w12_gemm.py --models llama-3.1-8b --ms 16,32,64 \
-  --sweep-ms 16,32,64 --rotate-mb 400 --blocks 6 --inner 2 --no-cuda-kernel --results-dir $OUT/w12 2>&1 \
+SPECPILOT_W12_X_SPLIT=0 timeout 250 python benchmarks/w12_gemm.py --models llama-3.1-8b --ms 16,32,64 \
+  --sweep-ms 16,32,64 --rotate-mb 400 --blocks 5 --inner 2 --no-cuda-kernel --results-dir $OUT/w12 2>&1 \
   | grep -v -E "pdl\.py|return PDL|This call originates" | tail -22
-timeout 220 python benchmarks/skinny_tma_bench.py --budget-s 150 --results-dir $OUT/tma 2>&1 \
+timeout 150 python benchmarks/skinny_tma_bench.py --budget-s 100 --results-dir $OUT/tma 2>&1 \
   | grep -v -E "pdl\.py|return PDL|This call originates" | tail -30
