@@ -255,6 +255,42 @@ def test_set_decode_gemv_marks_only_cuda_bf16_layers_where_the_gemv_wins():
         assert set_decode_gemv(model, False) == 0 and not any(m.decode_gemv for m in linears)
 
 
+def test_set_decode_gemv_keeps_a_layers_counters_across_runners(monkeypatch):
+    # A model shared by several engines (the tuner, the e2e suite) is set up once per runner. The split-K
+    # counters an earlier runner's CUDA graphs captured must stay the same buffer, alive, whatever a later
+    # runner asks for: replacing them freed them under those graphs (the SmolLM2 tune anomaly, H100).
+    from sglang_specpilot.models import linear as linear_module
+    from sglang_specpilot.models.config import ModelConfig
+    from sglang_specpilot.models.linear import Linear, set_decode_gemv
+    from sglang_specpilot.models.llama import Transformer
+
+    made = []
+
+    def fake_counters(device):
+        made.append(torch.zeros(8, dtype=torch.int32))
+        return made[-1]
+
+    monkeypatch.setattr(linear_module, "_takes_kernels", lambda w: True)
+    monkeypatch.setattr(linear_module, "new_counters", fake_counters)
+    monkeypatch.setattr(linear_module, "skinny_wins", lambda M, N, K: M == 8)
+    monkeypatch.setattr(linear_module, "tma_wins", lambda M, N, K: False)
+    monkeypatch.setattr(linear_module, "gemv_wins", lambda M, N, K: True)
+    monkeypatch.setattr(linear_module, "MIN_ROWS", 2)
+    monkeypatch.setattr(linear_module, "MAX_ROWS", 64)
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8)  # fmt: skip
+    model = Transformer(cfg)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    set_decode_gemv(model, True, verify=True)
+    first = [m.counters for m in linears]
+    assert all(c is not None for c in first) and len(made) == len(linears)
+    assert all(m.verify_rows == frozenset({8}) for m in linears)
+    set_decode_gemv(model, True, verify=True)  # a second engine over the same model
+    set_decode_gemv(model, True, verify=False)  # and one without the verify GEMM
+    assert all(m.counters is c for m, c in zip(linears, first, strict=True)) and len(made) == len(linears)
+    assert not any(m.verify_rows for m in linears)
+
+
 def test_kernel_cases_in_interpreter():
     if HERE:
         pytest.skip("the kernel cases ran in this process")

@@ -22,9 +22,12 @@ What differs here:
   one program an SM, skinny_gemm's rule gives 192 programs, two waves of which the second is 45% full.
 
 Requirements of TMA, checked by ``takes``: K a multiple of 8 (16-byte row strides) and 16-byte aligned
-bases; anything else goes to ``skinny_gemm`` or cuBLAS. NOT MEASURED YET: ``tma_wins`` is False for every
-shape until ``benchmarks/skinny_gemm_bench.py --tma`` has timed the kernel against cuBLAS on a GPU, so the
-engine never runs it by default. In the Triton interpreter (CPU tests) the descriptors are emulated.
+bases; anything else goes to ``skinny_gemm`` or cuBLAS. Measured (H100, a02a30b, skinny_tma_h100.json, the
+8B's four per-layer projections): ``pick_config``'s launch is 0.97 / 0.98 / 0.94 / 0.82 / 0.74x cuBLAS
+(geomean at M = 4 / 8 / 16 / 33 / 64), the best of a short sweep 1.02 / 1.02 / 1.01 / 0.92 / 0.88x, and the
+default config at gate_up, M = 64, failed the bench's one-ulp check (not diagnosed). It does not beat cuBLAS
+where the verify pass needs it (33-64 rows), so ``tma_wins`` stays False unless SPECPILOT_TMA_GEMM=1. In the
+Triton interpreter (CPU tests) the descriptors are emulated.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ TMA_GEMM = os.environ.get("SPECPILOT_TMA_GEMM", "0")
 
 def tma_wins(M: int, N: int, K: int) -> bool:
     """Whether the engine gives a verify-sized projection to this kernel: only under SPECPILOT_TMA_GEMM=1
-    until ``benchmarks/skinny_tma_bench.py`` has timed it against cuBLAS (above)."""
+    (it measured slower than cuBLAS at the verify pass's row counts, above)."""
     return TMA_GEMM == "1" and MIN_ROWS <= M <= MAX_ROWS and N <= MAX_SKINNY_N and N * K > SMALL_WEIGHT and K % 8 == 0
 
 

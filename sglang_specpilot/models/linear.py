@@ -123,6 +123,11 @@ def fused_down_projection(lin: nn.Module, gate_up: torch.Tensor, residual: torch
     return None
 
 
+def _takes_kernels(w: torch.Tensor) -> bool:
+    """Whether the GEMV / verify-rows kernels can take this weight: CUDA bf16, Triton present."""
+    return gemv is not None and w.is_cuda and w.dtype == torch.bfloat16
+
+
 def set_decode_gemv(model: nn.Module, on: bool, verify: bool = False) -> int:
     """Turn the one-row GEMV path on (where ``gemv_wins`` for the layer's shape) or off for every ``Linear``
     of ``model``, and with ``verify`` the verify-rows GEMM for the row counts where ``skinny_wins``; either
@@ -131,14 +136,21 @@ def set_decode_gemv(model: nn.Module, on: bool, verify: bool = False) -> int:
     for m in model.modules():
         if isinstance(m, Linear):
             w = m.weight
-            ok = gemv is not None and w.is_cuda and w.dtype == torch.bfloat16
+            ok = _takes_kernels(w)
             N, K = w.shape
             m.decode_gemv = bool(on and ok and gemv_wins(1, N, K))
             rows = range(MIN_ROWS, MAX_ROWS + 1) if verify and ok else ()
             m.verify_rows = frozenset(r for r in rows if skinny_wins(r, N, K))
             aligned = w.stride(0) % 8 == 0 and w.data_ptr() % 16 == 0  # what TMA reads (skinny_tma.takes)
             m.tma_rows = frozenset(r for r in rows if aligned and r not in m.verify_rows and tma_wins(r, N, K))
-            m.counters = new_counters(w.device) if m.verify_rows or m.tma_rows else None
+            if (m.verify_rows or m.tma_rows) and getattr(m, "counters", None) is None:
+                m.counters = new_counters(w.device)
+            # Never replaced or dropped once made: the model may be shared (the tuner builds an engine per
+            # candidate over one target and drafter), and an earlier runner's captured graphs keep this buffer's
+            # address. Replacing it freed the buffer under them, so their split-K tickets read whatever the
+            # allocator put there next and some output tiles were never summed: on the H100 the tuner's stock
+            # SmolLM2 engine drafted at 2.0 tokens a round where a second build of it drafted 2.8 (a02a30b,
+            # tune_h100.json attachments.smollm2_anomaly_run_D). Engines sharing it run one at a time.
             n += m.decode_gemv
     return n
 

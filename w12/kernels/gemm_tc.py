@@ -396,8 +396,10 @@ def split_x(x2: torch.Tensor) -> torch.Tensor:
 # also accumulate apart (summed after the loop), so no wgmma waits for the previous one. In the sm_90 build
 # at M = 64 (64 x 128 tiles) the default path's K loop has two local_alloc stores, fences and two full
 # wgmma waits a step; X_SPLIT's has none of them, at 198 registers against 180 (tests/test_w12_tc.py checks
-# the IR). NOT YET TIMED on a GPU: off until
-# the w12_gemm suite's sweep (which times both paths) has measured it; SPECPILOT_W12_X_SPLIT=1 turns it on.
+# the IR). Measured (H100, a02a30b, w12_xsplit_h100.json, the 8B's four per-layer projections): the kernel with
+# x already split is 1.003 / 1.012 / 1.007x the default path (geomean, M = 16 / 32 / 64), and with its split
+# copy in each call 0.93 / 0.94 / 0.97x. So the x round trip is not what holds this kernel back at M >= 32,
+# and the path stays off; SPECPILOT_W12_X_SPLIT=1 turns it on.
 X_SPLIT_DEFAULT = os.environ.get("SPECPILOT_W12_X_SPLIT", "0") == "1"
 
 
