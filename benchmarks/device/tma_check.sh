@@ -6,6 +6,7 @@
 #                                                # the chain and tree rounds
 # If the bench's geomeans beat cuBLAS, set tma_wins from its per-M bests and commit the rounds figures.
 set -u
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the repo root: the device has no editable install
 case "${1:?kernel or rounds}" in
 kernel)
   python -m pytest -q tests/test_skinny_tma.py 2>&1 | tail -3
