@@ -143,7 +143,8 @@ def set_decode_gemv(model: nn.Module, on: bool, verify: bool = False) -> int:
             m.verify_rows = frozenset(r for r in rows if skinny_wins(r, N, K))
             aligned = w.stride(0) % 8 == 0 and w.data_ptr() % 16 == 0  # what TMA reads (skinny_tma.takes)
             m.tma_rows = frozenset(r for r in rows if aligned and r not in m.verify_rows and tma_wins(r, N, K))
-            if (m.verify_rows or m.tma_rows) and getattr(m, "counters", None) is None:
+            c = getattr(m, "counters", None)
+            if (m.verify_rows or m.tma_rows) and (c is None or c.device != w.device):  # (moved: weights moved too)
                 m.counters = new_counters(w.device)
             # Never replaced or dropped once made: the model may be shared (the tuner builds an engine per
             # candidate over one target and drafter), and an earlier runner's captured graphs keep this buffer's
