@@ -125,6 +125,16 @@ def within_bf16_ulp(y, ref, ulps: int = 1) -> bool:
     return bool(((y.float() - ref.float()).abs() <= ref.float().abs().clamp_min(1e-3) * ulps * 2**-7).all())
 
 
+def check_split_k(run, ref, counters) -> torch.Tensor:
+    """A split-K launch ``run(counters)``: within one bf16 ulp of ``ref``, its counters left zero, and the same
+    bits when run again (the partials are summed in split order). Returns its result."""
+    y = run(counters)
+    assert within_bf16_ulp(y, ref)
+    assert int(counters.abs().sum()) == 0
+    assert torch.equal(run(counters), y)
+    return y
+
+
 # ---------------------------------------------------------------------------------------------------------
 # W12 kernels (test_w12_kernels.py, test_w12_mma.py)
 # ---------------------------------------------------------------------------------------------------------

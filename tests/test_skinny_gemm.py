@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 import torch
-from helpers import gemm_inputs, run_kernel_cases_in_interpreter, within_bf16_ulp
+from helpers import check_split_k, gemm_inputs, run_kernel_cases_in_interpreter, within_bf16_ulp
 
 S = importlib.import_module("sglang_specpilot.kernels.skinny_gemm")
 
@@ -38,12 +38,9 @@ def test_kernel_skinny_matches_the_reference(M, N, K, bias):
 @pytest.mark.parametrize("M,split", [(3, 3), (64, 2)])
 def test_kernel_skinny_split_k_is_deterministic_and_resets_its_counters(M, split):
     x, w, b = _inputs(M, 67, 448, True, seed=1)  # 7 K steps of 64 over 3 splits: an uneven last split
-    counters = S.new_counters(DEVICE)
     cfg = S.SkinnyConfig(64, 64, split, 4, 2)
-    y = S.skinny_gemm(x, w, b, counters=counters, config=cfg)
-    assert within_bf16_ulp(y, S.skinny_gemm_ref(x, w, b))
-    assert int(counters.abs().sum()) == 0
-    assert torch.equal(S.skinny_gemm(x, w, b, counters=counters, config=cfg), y)
+    run = lambda counters: S.skinny_gemm(x, w, b, counters=counters, config=cfg)  # noqa: E731
+    check_split_k(run, S.skinny_gemm_ref(x, w, b), S.new_counters(DEVICE))
     # the split sum (in split order) equals the one-split result only up to rounding, never by chance
     one = S.skinny_gemm(x, w, b, config=cfg._replace(split_k=1))
     assert within_bf16_ulp(one, S.skinny_gemm_ref(x, w, b))

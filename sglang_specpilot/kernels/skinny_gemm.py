@@ -282,6 +282,23 @@ def split_k_workspace(split_k: int, M: int, N: int, tiles: int, counters, device
     return part, counters if counters is not None else torch.empty(1, device=device, dtype=torch.int32)
 
 
+def verify_rows_operands(kernel: str, x, weight, bias, swiglu: bool = False):
+    """The checks every verify-rows GEMM launcher makes (``skinny_gemm``, ``skinny_tma``): weight [N, K] takes
+    x [..., K] (an even N for ``swiglu``), 2 to 64 rows in all, bias [N]. Returns (x as [M, K], x's leading
+    shape, M, N, K); raises ``ValueError`` in one line."""
+    K = x.shape[-1]
+    N = weight.shape[0]
+    if weight.shape != (N, K) or (swiglu and N % 2):
+        raise ValueError(f"weight {tuple(weight.shape)} does not take x with {K} features (swiglu={swiglu})")
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if not MIN_ROWS <= M <= MAX_ROWS:
+        raise ValueError(f"{kernel} takes {MIN_ROWS} to {MAX_ROWS} rows, got {M} (use F.linear)")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias {tuple(bias.shape)}, expected ({N},)")
+    return x2, x.shape[:-1], M, N, K
+
+
 def new_counters(device) -> torch.Tensor:
     """A zeroed counters buffer for one layer's split-K launches (the kernel leaves it zero)."""
     return torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
@@ -304,22 +321,12 @@ def skinny_gemm(
     The verify layer's fused epilogues: ``swiglu``, weight is a gate_up projection ([gate; up], 2I rows) and
     the result is ``silu_mul`` of the product ([..., I]; never split along K); ``residual`` ([..., N]), the
     result is ``residual + y``. Each rounds where the unfused ops (``models/llama.py``, compiled) round."""
-    K = x.shape[-1]
-    N = weight.shape[0]
-    if weight.shape != (N, K) or (swiglu and N % 2):
-        raise ValueError(f"weight {tuple(weight.shape)} does not take x with {K} features (swiglu={swiglu})")
+    x2, lead, M, N, K = verify_rows_operands("skinny_gemm", x, weight, bias, swiglu)
     N_out = N // 2 if swiglu else N
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
-    M = x2.shape[0]
-    if not MIN_ROWS <= M <= MAX_ROWS:
-        raise ValueError(f"skinny_gemm takes {MIN_ROWS} to {MAX_ROWS} rows, got {M} (use F.linear)")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
         raise ValueError("weight must be contiguous along K")
-    if bias is not None and bias.shape != (N,):
-        raise ValueError(f"bias {tuple(bias.shape)}, expected ({N},)")
     if residual is not None:
         if residual.numel() != M * N_out or residual.dtype != x.dtype:
             raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype}, expected {M}x{N_out} of {x.dtype}")

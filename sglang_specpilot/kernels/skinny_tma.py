@@ -52,6 +52,7 @@ from .skinny_gemm import (
     block_m,
     skinny_gemm_ref,
     split_k_workspace,
+    verify_rows_operands,
 )
 
 SMS = SMS_H200  # the H100's and H200's SM count (132)
@@ -190,21 +191,11 @@ def skinny_tma(
     """``x [..., K]`` (2 to 64 rows in all) times ``weight [N, K]``^T (+ ``bias [N]``) -> ``[..., N]`` in x's
     dtype. ``counters`` (``skinny_gemm.new_counters``) is needed when the config splits K. Raises
     ``ValueError`` for operands TMA cannot read (``takes``)."""
-    K = x.shape[-1]
-    N = weight.shape[0]
-    if weight.shape != (N, K):
-        raise ValueError(f"weight {tuple(weight.shape)} does not take x with {K} features")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
-    M = x2.shape[0]
-    if not MIN_ROWS <= M <= MAX_ROWS:
-        raise ValueError(f"skinny_tma takes {MIN_ROWS} to {MAX_ROWS} rows, got {M} (use F.linear)")
+    x2, lead, M, N, K = verify_rows_operands("skinny_tma", x, weight, bias)
     if x2.stride(-1) != 1 or x2.stride(0) != K or x2.data_ptr() % 16:
         x2 = x2.clone(memory_format=torch.contiguous_format)  # TMA reads 16-byte aligned rows
     if not takes(x2, weight):
         raise ValueError("skinny_tma needs bf16/fp16 operands with K % 8 == 0, K-contiguous and 16-byte aligned")
-    if bias is not None and bias.shape != (N,):
-        raise ValueError(f"bias {tuple(bias.shape)}, expected ({N},)")
     cfg = config or pick_config(M, N, K)
     bm = block_m(M)
     tiles = triton.cdiv(N, cfg.block_n)
