@@ -1,0 +1,18 @@
+# After tune_runs.sh D (the GGUF in /tmp, the machine still warm), the figures the freed split-K buffer
+# (c6d1d99) may have held down, and one diagnosis:
+#   bash benchmarks/device/recheck.sh rounds    # the rounds suite's real SmolLM2 part; the TMA numerics probe
+#   bash benchmarks/device/recheck.sh batched   # lifted 8B server, 16 clients x 4 requests: AR vs the mechanisms
+set -u
+export PYTHONPATH=$PWD:/tmp/pp
+stage=${1:?stage rounds or batched}
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+case "$stage" in
+rounds)
+  timeout 200 python -m sglang_specpilot.cli bench rounds --parts real --model /tmp/smol.gguf --gamma 6 \
+    --results-dir $OUT/rounds 2>&1 | grep -v Warn | tail -6
+  timeout 120 python benchmarks/probes/tma_numerics_probe.py 2>&1 | tail -24 ;;
+batched)
+  timeout 560 python -m sglang_specpilot.cli bench batched --model /tmp/smol.gguf --systems ar,specpilot_batched \
+    --concurrency 16 --requests-per-client 4 --deadline-s 500 --results-dir $OUT/batched 2>&1 | grep -v Warn | tail -16 ;;
+*) echo "unknown stage $stage"; exit 2 ;;
+esac
