@@ -24,8 +24,11 @@ What differs here:
 Requirements of TMA, checked by ``takes``: K a multiple of 8 (16-byte row strides) and 16-byte aligned
 bases; anything else goes to ``skinny_gemm`` or cuBLAS. Measured (H100, a02a30b, skinny_tma_h100.json, the
 8B's four per-layer projections): ``pick_config``'s launch is 0.97 / 0.98 / 0.94 / 0.82 / 0.74x cuBLAS
-(geomean at M = 4 / 8 / 16 / 33 / 64), the best of a short sweep 1.02 / 1.02 / 1.01 / 0.92 / 0.88x, and the
-default config at gate_up, M = 64, failed the bench's one-ulp check (not diagnosed). It does not beat cuBLAS
+(geomean at M = 4 / 8 / 16 / 33 / 64), the best of a short sweep 1.02 / 1.02 / 1.01 / 0.92 / 0.88x. Unsplit
+launches fail the bench's one-ulp check at long K (down) and at gate_up, M = 64: outputs near zero, where the
+relative rule is tighter than cuBLAS itself meets (the tensor cores' fp32 accumulation drifts over one long
+chain; split-K's shorter chains do not; ``probes/tma_numerics_probe.py``, skinny_tma_h100.json's
+attachments). It does not beat cuBLAS
 where the verify pass needs it (33-64 rows), so ``tma_wins`` stays False unless SPECPILOT_TMA_GEMM=1. In the
 Triton interpreter (CPU tests) the descriptors are emulated.
 """
