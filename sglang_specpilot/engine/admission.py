@@ -12,9 +12,9 @@ round, A at most one prefill chunk), so a riding prompt's first token comes out 
 carries it: the round its separate prefill would have waited for. Other prompts take the separate prefill
 at once rather than wait for a later round. Where it was measured (CUDA warm-up, ``measure_costs``), a
 prompt rides only if the carrying round of its bucket and width took no longer than the separate prefill
-of that shape, so its first token comes no later than without admission: the separate prefill pads every
-row up to the highest one in use (pad, not pack), which costs most at large batches, while the carried
-prefill packs only the riders, but on a small batch a round can cost more than the prefill it saves.
+of that shape, so its first token comes no later than without admission. The separate prefill is packed
+where the engine packs it (``packed_prefill``: the prompt's row alone), else it pads every row up to the
+highest one in use.
 
 Starvation.  A rider never replaces a round: every step still runs one round for every running row, and
 A bounds what a round carries besides its own work. A parked prompt rides the next round.
@@ -164,15 +164,22 @@ def _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row) -> Non
 def measure_costs(engine, ladder: tuple[int, ...]) -> dict[tuple[int, int], tuple[float, float]]:
     """(bucket, width) -> (carrying round ms, separate prefill ms) on CUDA, at warm-up with no row in use
     (every write lands in scratch slots): the captured carrying round of the engine's own round, and the
-    prefill (target and drafter; graphs where captured) of ``bucket`` rows at ``width`` tokens, the separate
-    prefill's shape when the rows are full (``Engine._prefill``: every row up to the highest in use)."""
+    separate prefill one prompt of ``width`` tokens would take instead at that bucket: packed, the prompt's
+    row alone (``packed_prefill``), where the engine packs it; else the padded prefill of ``bucket`` rows
+    (``Engine._prefill``: every row up to the highest in use; graphs where captured)."""
+    from .packed_prefill import packed_prefill, worth_packing
     from .step_curve import measure
 
     costs = {}
+    history, scratch = engine.state.history, engine.options.max_seq_len  # the probe writes scratch slots only
     for b in ladder:
         for w in rider_widths(engine.options.prompt_admission, engine.target_runner.scratch):
             carry_ms = measure(lambda b=b, w=w: engine.carrying.replay((None, b, w), [], []))
-            prefill_ms = measure(lambda b=b, w=w: engine._prefill_probe(b, w), reps=5)
+            lens = [w] + [0] * (b - 1)
+            if worth_packing(engine, lens):
+                prefill_ms = measure(lambda b=b, lens=lens: packed_prefill(engine, history[:b], lens, scratch), reps=5)
+            else:
+                prefill_ms = measure(lambda b=b, w=w: engine._prefill_probe(b, w), reps=5)
             costs[(b, w)] = (carry_ms, prefill_ms)
     return costs
 

@@ -31,6 +31,7 @@ from tlv import TLVPlan
 from ..config import EngineOptions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
+from .packed_prefill import packed_prefill, worth_packing
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
 from .round_kinds import SpecPolicy, alternate_rounds, kinds_at
@@ -550,6 +551,8 @@ class Engine:
         history : [B, W] (rows 0..B-1 of the cache). Rows with ``lens[b] == 0`` write only into the cache's
         scratch slots, so rows that are mid-generation keep their KV; their logits are meaningless.
         """
+        if worth_packing(self, lens):  # admitted beside running rows: prefill the new rows alone
+            return packed_prefill(self, history, lens)
         if self.feature_layers is not None:
             return self._prefill_eagle(history, lens)
         last = self._prefill(self.target_runner, history, lens)

@@ -1,0 +1,128 @@
+"""Packed prefill (``engine/packed_prefill.py``): a prompt admitted beside running rows is prefilled alone,
+with the same logits, K/V and drafter state as the padded batch prefill, and requests served that way get
+exactly the tokens they get alone."""
+
+import pytest
+import torch
+from helpers import WordTokenizer, prompts, tiny_model
+
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine import packed_prefill as pp
+
+
+def _drafter(kind, target):
+    if kind == "eagle3":
+        from sglang_specpilot.drafters.eagle3 import init_eagle3
+
+        torch.manual_seed(0)
+        return init_eagle3(target)
+    return None if kind == "none" else target.truncated(1)
+
+
+def _engine(kind, max_batch=4, **kw):
+    target = tiny_model("tiny-llama", **({"vocab_size": 12} if kind == "eagle3" else {}))
+    shape = {} if kind == "none" else {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
+    opts = EngineOptions(max_seq_len=256, max_batch_size=max_batch, device="cpu", dtype="float32", **shape, **kw)
+    return Engine(target, WordTokenizer(), opts, _drafter(kind, target))
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    calls = []
+    real = pp.packed_prefill
+
+    def packed(engine, history, lens, slot0=0):
+        calls.append(list(lens))
+        return real(engine, history, lens, slot0)
+
+    monkeypatch.setattr("sglang_specpilot.engine.engine.packed_prefill", packed)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["none", "layer", "eagle3"])
+def test_staggered_admissions_pack_and_equal_each_request_alone(kind, spy):
+    eng = _engine(kind)
+    ps = prompts([9, 30, 4, 17, 22, 6], eng.target.cfg.vocab_size, seed=5)
+    n_new = [14, 6, 11, 9, 16, 8]
+    alone = [
+        eng.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
+        for p, n in zip(ps, n_new, strict=True)
+    ]
+    assert not spy  # generate admits every row at once: the padded prefill
+    batch = eng.batch
+    reqs = [eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, n_new)]
+    pending = list(reqs)
+    while pending or batch.active:
+        if pending and batch.free_rows:
+            batch.admit([pending.pop(0)])  # one at a time, as a server admits them
+        batch.step()
+    assert [r.ids for r in reqs] == alone
+    assert spy and all(sum(n > 0 for n in lens) == 1 for lens in spy)
+
+
+def _cache_rows(eng, rows, upto):
+    out = []
+    for runner in (eng.target_runner, eng.draft_runner):
+        if runner is not None:
+            out += [t[rows, :upto].clone() for layer in runner.kv.layers for t in layer]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["none", "layer", "eagle3"])
+def test_packed_equals_padded_prefill(kind):
+    """The same logits for the new rows, the same K/V in their slots (target and drafter), the same EAGLE-3
+    state, and nothing written into the other rows."""
+    eng = _engine(kind, max_batch=5)
+    V = eng.target.cfg.vocab_size
+    st = eng.state
+    for i, p in enumerate(prompts([7, 19, 12, 5, 9], V, seed=8)):
+        st.history[i, : len(p)] = torch.tensor(p)
+    lens = [0, 19, 0, 5, 0]
+    new = [1, 3]
+    eng.prefill_rows(st.history[:5], [7, 0, 12, 0, 9])  # the running rows' own K/V
+    before = _cache_rows(eng, [0, 2, 4], 64)
+    packed = pp.packed_prefill(eng, st.history[:5], lens)
+    got = _cache_rows(eng, new, 19)
+    feats = (st.feats[new].clone(), st.n_prev[new].clone()) if eng.feature_layers else None
+    for a, b in zip(before, _cache_rows(eng, [0, 2, 4], 64), strict=True):
+        assert torch.equal(a, b)
+    pp.PACKED, saved = False, pp.PACKED
+    try:
+        padded = eng.prefill_rows(st.history[:5], lens)
+    finally:
+        pp.PACKED = saved
+    for a, b in zip(got, _cache_rows(eng, new, 19), strict=True):
+        # Only the real prompt slots: the pads past a prompt hold different junk (nothing reads them).
+        torch.testing.assert_close(a[0, :19], b[0, :19], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a[1, :5], b[1, :5], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed[new], padded[new], rtol=1e-5, atol=1e-5)
+    if feats is not None:
+        torch.testing.assert_close(feats[0], st.feats[new], rtol=1e-5, atol=1e-5)
+        assert torch.equal(feats[1], st.n_prev[new])
+
+
+def test_when_it_packs(monkeypatch):
+    eng = _engine("layer", max_batch=8)
+    chunk = eng.options.prefill_chunk
+    assert pp.worth_packing(eng, [0, 5, 0, 0])  # one new of four
+    assert pp.worth_packing(eng, [3, 5, 0, 0])  # half
+    assert not pp.worth_packing(eng, [3, 5, 2, 0])  # padding would not double the rows
+    assert not pp.worth_packing(eng, [4, 6])  # every row new (generate, a wave)
+    assert not pp.worth_packing(eng, [0, 0])
+    assert not pp.worth_packing(eng, [0, chunk + 1, 0, 0])  # more than one chunk
+    monkeypatch.setattr(pp, "PACKED", False)
+    assert not pp.worth_packing(eng, [0, 5, 0, 0])
+
+
+def test_cost_probe_writes_scratch_only():
+    eng = _engine("eagle3", max_batch=4)
+    st = eng.state
+    p = prompts([11], eng.target.cfg.vocab_size, seed=1)[0]
+    st.history[0, :11] = torch.tensor(p)
+    eng.prefill_rows(st.history[:1], [11])
+    S = eng.options.max_seq_len
+    before = _cache_rows(eng, [0, 1, 2, 3], S) + [st.feats.clone(), st.n_prev.clone()]
+    pp.packed_prefill(eng, st.history[:4], [64, 0, 0, 0], slot0=S)
+    after = _cache_rows(eng, [0, 1, 2, 3], S) + [st.feats.clone(), st.n_prev.clone()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
