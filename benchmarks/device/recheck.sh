@@ -2,8 +2,8 @@
 # (c6d1d99) may have held down, and one diagnosis:
 #   bash benchmarks/device/recheck.sh rounds    # the rounds suite's real SmolLM2 part; the TMA numerics probe
 #   bash benchmarks/device/recheck.sh batched   # lifted 8B server, 16 clients x 4 requests: AR vs the mechanisms
-#   bash benchmarks/device/recheck.sh packed    # the same with the packed prefill on, then off
-#                                               # (SPECPILOT_PACKED_PREFILL), through probes/serve_loop_probe.py
+#   bash benchmarks/device/recheck.sh packed [ab]  # the same (and stock) with the packed prefill; "ab": then
+#                                               # off too (SPECPILOT_PACKED_PREFILL=0); through serve_loop_probe
 set -u
 export PYTHONPATH=$PWD:/tmp/pp
 stage=${1:?stage rounds, batched or packed}
@@ -16,8 +16,8 @@ rounds)
 batched)
   timeout 560 python -m sglang_specpilot.cli bench batched --model /tmp/smol.gguf --systems ar,specpilot_batched \
     --concurrency 16 --requests-per-client 4 --deadline-s 500 --results-dir $OUT/batched 2>&1 | grep -v Warn | tail -16 ;;
-packed)
-  for v in 1 0; do
+packed)  # packed prefill on (the default); with a second argument "ab", then off as well
+  for v in 1 ${2:+0}; do
     systems=ar,specpilot_batched; [ $v = 1 ] && systems=ar,stock,specpilot_batched
     SPECPILOT_PACKED_PREFILL=$v timeout 280 python benchmarks/probes/serve_loop_probe.py -- --model /tmp/smol.gguf \
       --systems $systems --concurrency 16 --requests-per-client 4 --deadline-s 250 --results-dir $OUT/packed$v 2>&1 \
