@@ -51,7 +51,8 @@ def test_staggered_admissions_pack_and_equal_each_request_alone(kind, spy):
     ]
     assert not spy  # generate admits every row at once: the padded prefill
     batch = eng.batch
-    reqs = [eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, n_new)]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in n_new]
+    reqs = [eng.new_request(p, sp) for p, sp in zip(ps, params, strict=True)]
     pending = list(reqs)
     while pending or batch.active:
         if pending and batch.free_rows:
