@@ -18,7 +18,7 @@ batched)
     --concurrency 16 --requests-per-client 4 --deadline-s 500 --results-dir $OUT/batched 2>&1 | grep -v Warn | tail -16 ;;
 packed)  # packed prefill on (the default); with a second argument "ab", then off as well
   for v in 1 ${2:+0}; do
-    systems=ar,specpilot_batched; [ $v = 1 ] && systems=ar,stock,specpilot_batched
+    systems=ar,specpilot_batched; [ $v = 1 ] && systems=${SYSTEMS:-ar,stock,specpilot_batched}
     SPECPILOT_PACKED_PREFILL=$v timeout 280 python benchmarks/probes/serve_loop_probe.py -- --model /tmp/smol.gguf \
       --systems $systems --concurrency 16 --requests-per-client 4 --deadline-s 250 --results-dir $OUT/packed$v 2>&1 \
       | grep -v -E "Warn|pdl|originates|warn_once|^ *$|_warn_once|return PDL" | tail -16
