@@ -112,8 +112,11 @@ def test_when_it_packs(monkeypatch):
     assert not pp.worth_packing(eng, [4, 6])  # every row new (generate, a wave)
     assert not pp.worth_packing(eng, [0, 0])
     assert not pp.worth_packing(eng, [0, chunk + 1, 0, 0])  # more than one chunk
-    monkeypatch.setattr(pp, "PACKED", False)
+    monkeypatch.setattr(eng.target_runner, "use_graphs", True)  # as on CUDA: up to 4 rows replay a graph
     assert not pp.worth_packing(eng, [0, 5, 0, 0])
+    assert pp.worth_packing(eng, [0, 5, 0, 0, 0])
+    monkeypatch.setattr(pp, "PACKED", False)
+    assert not pp.worth_packing(eng, [0, 5, 0, 0, 0])
 
 
 def test_cost_probe_writes_scratch_only():

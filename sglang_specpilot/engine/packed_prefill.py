@@ -14,7 +14,10 @@ rows' slots), so it costs n rows, not hi. The drafter follows: a Transformer dra
 an EAGLE-3 drafter (its forward reads the target's features) over the padded rows as before, the new rows'
 features scattered into place, its other rows in scratch slots. It is eager (the shapes are the prompts'),
 which costs kernel launches a captured padded prefill does not pay, so it is taken only where padding would
-at least double the rows run (``worth_packing``), and only for prompts of one chunk on plain targets.
+at least double the rows run and the padded prefill would not replay a CUDA graph (more rows than
+``PREFILL_GRAPH_MAX_BATCH``, or no graphs), and only for prompts of one chunk on plain targets
+(``worth_packing``). Not yet timed on a GPU: the rule keeps the captured path wherever one exists, since a
+launch-bound model (SmolLM2: ~450 eager kernels a forward) could lose there what the padding costs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from ..models.llama import Transformer
 from ..models.mixed_forward import Group, mixed_forward
+from .runner import PREFILL_GRAPH_MAX_BATCH
 
 # Packed where the padded prefill would run at least this many times the new rows.
 MIN_PAD_FACTOR = 2
@@ -37,14 +41,17 @@ PACKED = os.environ.get("SPECPILOT_PACKED_PREFILL", "1") != "0"
 
 def worth_packing(engine, lens: list[int]) -> bool:
     """Whether ``Engine.prefill_rows`` packs these rows: some rows in range have nothing to prefill (at
-    least half of them), every prompt fits one chunk, and the target is a plain attention model outside
-    TLV and co-located rounds (their prefill keeps state this path does not write)."""
+    least half of them), the padded prefill would not replay a captured graph, every prompt fits one chunk,
+    and the target is a plain attention model outside TLV and co-located rounds (their prefill keeps state
+    this path does not write)."""
     new = sum(n > 0 for n in lens)
     o = engine.options
+    graphed = engine.target_runner.use_graphs and len(lens) <= PREFILL_GRAPH_MAX_BATCH
     return (
         PACKED
         and 0 < new
         and new * MIN_PAD_FACTOR <= len(lens)
+        and not graphed
         and max(lens) <= o.prefill_chunk
         and engine.target_runner.recurrent is None
         and not o.tlv
