@@ -45,7 +45,10 @@ def test_dry_run_on_cpu(folders, tmp_path):
         assert c["total_tokens_per_s"] > 0 and c["ttft_p50_s"] > 0 and c["itl_p50_s"] > 0
         if s != "ar":
             assert c["same_as_ar"] == 1.0, (s, n)  # greedy and lossless: every request's tokens are AR's
+            f = c["forcing"]  # scored by AR's target: every token its argmax
+            assert f["accepted"] and f["tokens"] == c["tokens"] and f["large_margin"] == 0, (s, n, f)
     m = doc["metrics"]
+    assert m["batched_forcing_all_accepted"] == 1
     for name in ("batched_min_speedup_vs_ar", "batched_min_speedup_vs_stock", "batched_speedup_vs_ar_n1"):
         assert m[name] > 0, name
     # N = 16 was not run: the TTFT metric is missing and said to be.
@@ -103,3 +106,25 @@ def test_metrics_need_every_cell_they_cover():
     assert "batched_min_speedup_vs_ar" not in m and any("min_speedup_vs_ar" in x for x in missing)  # N = 2
     m, missing = summarize(cells, [1])
     assert m["batched_min_speedup_vs_stock"] == 1.6 and m["batched_min_speedup_vs_ar"] == 2.0
+
+
+def test_forcing_rejects_outputs_that_are_not_ars(folders, tmp_path, monkeypatch):
+    """A system whose tokens were not AR's argmax (here: each token shifted by one) fails token forcing."""
+    from sglang_specpilot.suites import batched as batched_mod
+
+    real = batched_mod.run_clients
+
+    def corrupt(sched, eng, prompts, n, new_tokens, timeout):
+        records, wall = real(sched, eng, prompts, n, new_tokens, timeout)
+        if eng.draft is not None and new_tokens > 1:  # the speculative systems' timed pass
+            V = eng.target.cfg.vocab_size
+            for r in records:
+                r["token_ids"] = [(t + 1) % V for t in r["token_ids"]]
+        return records, wall
+
+    monkeypatch.setattr(batched_mod, "run_clients", corrupt)
+    argv = _argv(folders, tmp_path, "--concurrency", "1", "--systems", "ar,stock", "--warm-tokens", "0")
+    doc = json.loads(run_suite("batched", argv).read_text())
+    f = next(c for c in doc["cells"] if c["system"] == "stock")["forcing"]
+    assert not f["accepted"] and f["mismatches"] > 0 and f["reasons"]
+    assert doc["metrics"]["batched_forcing_all_accepted"] == 0

@@ -20,7 +20,9 @@ The model is the e2e suite's (``--target``): SmolLM2 lifted to Llama-3.1-8B shap
 drafter lifted alongside (an 8B's cost per step), the real SmolLM2 (``smollm2``), or a tiny lift shape
 for CPU dry runs. Per (system, N) the results hold total tokens/s (all tokens / wall time from the first
 submit to the last token), the median request's tokens/s, TTFT p50 / p90, inter-token latency p50 and
-mean, the share of requests whose tokens equal AR's, and each mechanism's decisions during the part.
+mean, the share of requests whose tokens equal AR's, token forcing of every speculative system's outputs
+against AR's (``force``: greedy output must be AR's up to near-ties), and each mechanism's decisions during
+the part.
 ``batched_results`` turns the cells into the issue's metrics.
 
 Fits one ~9-minute device call: parts run in the order N = 1, 16, 64, then the rest, systems rotated
@@ -99,6 +101,9 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
         self.out: dict = {"metrics": {}, "rows": [], "cells": [], "errors": [], "skipped": [], "incomplete": []}
         self.engines: dict[str, object] = {}
         self.carried: list[dict] = []
+        # (system, N) -> its finished requests' (prompt, tokens), and AR's token-forcing report per N.
+        self.generations: dict[tuple[str, int], list[tuple[list[int], list[int]]]] = {}
+        self.ar_forcing: dict[int, object] = {}
 
     # ---- bookkeeping -------------------------------------------------------------------------------
     def write(self, part: str) -> None:
@@ -250,11 +255,37 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
         c = cell(system, n, records, wall, ar_ids if system != "ar" and ar_ids else None)
         c["decisions"] = _delta(before, after)
         self.out["cells"].append(c)
+        self.generations[(system, n)] = [(chosen[r["prompt"]], r["token_ids"]) for r in records if r["error"] is None]
+        for s in [x for x in self.systems if x != "ar"] if system == "ar" else [system]:
+            self.force(s, n)
         keep = ("prompt", "n_prompt", "tokens", "ttft_s", "itl_s", "request_s", "error")
         self.out["rows"].append({"case": "requests", "system": system, "concurrency": n,
                                  "requests": [{k: r.get(k) for k in keep} for r in records]})  # fmt: skip
         tps = c["total_tokens_per_s"]
         self.say(f"{system} N={n}: {tps and round(tps, 1)} tok/s, TTFT p50 {c['ttft_p50_s']}, failed {c['failed']}")
+
+    def force(self, system: str, n: int) -> None:
+        """Token forcing of ``system``'s outputs at N against AR's on the same prompts, once both ran: every
+        token a greedy system emits must be the AR engine's argmax given its prefix, except near-ties kernel
+        rounding tips (``harness.token_forcing``); AR's own outputs, scored the same way, are the baseline."""
+        from ..harness.token_forcing import compare_forcing, token_forcing
+
+        if (system, n) not in self.generations or ("ar", n) not in self.generations:
+            return
+        try:
+            score = self.engines["ar"].teacher_force_logits
+            if n not in self.ar_forcing:
+                self.ar_forcing[n] = token_forcing(score, self.generations[("ar", n)])
+            rep, ar = token_forcing(score, self.generations[(system, n)]), self.ar_forcing[n]
+            v = compare_forcing(rep, ar)
+        except Exception as e:
+            self.error("forcing", e, system=system, concurrency=n)
+            return
+        here = [c for c in self.out["cells"] if "carried_from" not in c]
+        c = next(c for c in here if (c["system"], c["concurrency"]) == (system, n))
+        c["forcing"] = {"tokens": rep.tokens, "mismatches": rep.mismatches, "large_margin": rep.large_margin,
+                        "ar_mismatches": ar.mismatches, "ar_large_margin": ar.large_margin,
+                        "accepted": v.accepted, "reasons": v.reasons}  # fmt: skip
 
     def finish(self) -> None:
         cells = self.out["cells"]  # the carried ones first, marked ``carried_from``

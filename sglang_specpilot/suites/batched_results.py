@@ -5,6 +5,7 @@ issue's metrics over the cells (issue 18):
     batched_min_speedup_vs_stock   min over N = 1..32 of the same against the stock chain
     batched_speedup_vs_ar_n1       the same ratio at N = 1
     batched_ttft_p50_ratio_vs_ar   TTFT p50 of SpecPilot with the mechanisms / AR's, at N = 16
+    batched_forcing_all_accepted   1 if token forcing accepted every speculative cell's outputs against AR's
 
 A metric is written only where every cell it needs was measured; ``incomplete`` lists what is missing, so
 a run cut short by its deadline never reports a minimum over fewer batch sizes as if it were the whole.
@@ -85,6 +86,9 @@ def summarize(cell_list: list[dict], concurrency: list[int]) -> tuple[dict, list
         m["batched_speedup_vs_ar_n1"] = round(r, 3)
     else:
         incomplete.append(f"batched_speedup_vs_ar_n1: needs {MAIN} and ar at N = 1")
+    forced = [c["forcing"]["accepted"] for c in cell_list if "forcing" in c]
+    if forced:  # every speculative cell's token forcing against AR accepted (1) or not (0)
+        m["batched_forcing_all_accepted"] = int(all(forced))
     if (r := _ratio(cells, MAIN, "ar", TTFT_N, "ttft_p50_s")) is not None:
         m["batched_ttft_p50_ratio_vs_ar"] = round(r, 3)
     else:
