@@ -271,16 +271,26 @@ def tc_split_for(cfg: TcConfig, M: int, N: int, K: int, num_sms: int = DEFAULT_N
 
 def default_tc_config(M: int, N: int, K: int, num_sms: int = DEFAULT_NUM_SMS) -> TcConfig:
     """The formula config (no table): 64 rows per program, 4 warps (one warpgroup on wgmma's 64-row side),
-    256 weights per K-step, or 128 where the split leaves fewer than 4 steps per program (a short loop is
-    mostly pipeline fill); as many stages (3-4) as leave room for two programs per SM; split-K by
-    ``tc_split_for``."""
-    for block_k in (256, 128):
+    two programs per SM, split-K by ``tc_split_for``. The tile: 256 weights a K-step with 3 stages, else
+    (two programs do not fit, or the split leaves fewer than 4 steps per program: a short loop is mostly
+    pipeline fill) 128 with 4 stages.
+
+    Why, measured: one program's K loop is serial (decode, wgmma, a full wgmma wait; sm_90 builds), so only
+    a second program per SM overlaps it, and every config that fits one program an SM was the slowest at
+    its M in the H100 sweep (w12_xsplit_h100.json, a02a30b, geomean of the 8B's projections at each tile's
+    best split): at M = 64, 64 x 256 x 3 stages takes 144 KB (one program) at 0.55x cuBLAS against 0.67x for
+    64 x 128 x 4 (100 KB); at M = 16, 3 stages beat 4 (0.98x against 0.94x), and at M = 32, 64 x 256 x 3 was
+    the best (0.87x). The H200's tuned table picked the same tiles for those shapes. Before this, the formula
+    took 4 stages wherever two programs fit and otherwise 3 stages without checking that two still fit."""
+    cfg = None
+    for block_k, stages in ((256, 3), (128, 4)):
         bk = min(block_k, max(32, triton.next_power_of_2(K)))
-        cfg = TcConfig(64, bk, 1, 4, 4)
-        if 2 * cfg.smem_bytes(M) > TC_SMEM_BYTES:
-            cfg = TcConfig(64, bk, 1, 4, 3)
+        fits = 2 * TcConfig(64, bk, 1, 4, stages).smem_bytes(M) <= TC_SMEM_BYTES
+        if not fits and cfg is not None:
+            continue
+        cfg = TcConfig(64, bk, 1, 4, stages)
         cfg = cfg.with_split(tc_split_for(cfg, M, N, K, num_sms))
-        if triton.cdiv(K, bk) >= 4 * cfg.split_k:
+        if fits and triton.cdiv(K, bk) >= 4 * cfg.split_k:
             break
     return cfg
 
