@@ -6,7 +6,8 @@ nothing extra when every row is new (``generate``, a wave of requests), but a se
 a running batch one or two at a time. On an H100 (lifted 8B, 16 closed-loop clients, deb4aa8,
 batched_mechanisms_h100.json) the separate prefill of one prompt at bucket 16 measured 34 / 65 / 129 ms at
 64 / 128 / 256 tokens (the step curve's admission costs) against 6.4 ms for a whole AR round, and the
-mechanisms served 0.81x AR's tokens/s while their rounds alone would have served more than AR.
+mechanisms served 0.81x AR's tokens/s while their rounds alone (250 at the step curve's 9.6 ms) would have
+served more than AR.
 
 What. The new rows' first chunk goes through the target as one packed group (``models.mixed_forward``: a
 [n, W] block in the rows a tensor names; causal attention over the chunk's own K/V, scattered into those
@@ -30,7 +31,8 @@ from ..models.llama import Transformer
 from ..models.mixed_forward import Group, mixed_forward
 from .runner import PREFILL_GRAPH_MAX_BATCH
 
-# Packed where the padded prefill would run at least this many times the new rows.
+# Packed where the padded prefill would run at least this many times the new rows. Not measured: a margin
+# for the eager launches, well inside the 16x that one prompt admitted at bucket 16 paid (above).
 MIN_PAD_FACTOR = 2
 
 
