@@ -59,6 +59,8 @@ def worth_packing(engine, lens: list[int]) -> bool:
         and not o.tlv
         and not o.colocate
         and isinstance(engine.target, Transformer)
+        # A drafter is a Transformer (packed alike) or an EAGLE-3 one (padded, fed the target's features).
+        and (engine.draft is None or engine.feature_layers is not None or isinstance(engine.draft, Transformer))
     )
 
 
@@ -94,14 +96,11 @@ def packed_prefill(engine, history: torch.Tensor, lens: list[int], slot0: int = 
 
 def _draft(engine, history, lens, rows, lens_new, width, slot0, feats) -> None:
     dev, st, B = engine.device, engine.state, len(lens)
-    if feats is None and isinstance(engine.draft, Transformer):
+    if feats is None:  # a Transformer drafter (``worth_packing``)
         mixed_forward(engine.draft, [_group(history, rows, lens_new, width, slot0)], engine.draft_runner.kv.layers)
         return
     lens_t = torch.tensor(lens, device=dev)
-    seq = torch.where(lens_t > 0, slot0, engine.options.max_seq_len)
-    if feats is None:  # a drafter of another kind: the padded prefill, the other rows in scratch slots
-        engine.draft_runner.prefill(history[:, :width], seq, 0)
-        return
+    seq = torch.where(lens_t > 0, slot0, engine.options.max_seq_len)  # the other rows write scratch slots
     # ``Engine._prefill_eagle`` for one chunk whose target half ran packed: the drafter reads each position's
     # feature one position earlier (zeros before position 0); the prompt's last feature waits in the round
     # state for the first round, which feeds it with the first emitted token (n_prev 0).

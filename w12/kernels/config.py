@@ -284,13 +284,12 @@ def default_tc_config(M: int, N: int, K: int, num_sms: int = DEFAULT_NUM_SMS) ->
     took 4 stages wherever two programs fit and otherwise 3 stages without checking that two still fit."""
     cfg = None
     for block_k, stages in ((256, 3), (128, 4)):
-        bk = min(block_k, max(32, triton.next_power_of_2(K)))
-        fits = 2 * TcConfig(64, bk, 1, 4, stages).smem_bytes(M) <= TC_SMEM_BYTES
+        tile = TcConfig(64, min(block_k, max(32, triton.next_power_of_2(K))), 1, 4, stages)
+        fits = 2 * tile.smem_bytes(M) <= TC_SMEM_BYTES
         if not fits and cfg is not None:
             continue
-        cfg = TcConfig(64, bk, 1, 4, stages)
-        cfg = cfg.with_split(tc_split_for(cfg, M, N, K, num_sms))
-        if fits and triton.cdiv(K, bk) >= 4 * cfg.split_k:
+        cfg = tile.with_split(tc_split_for(tile, M, N, K, num_sms))
+        if fits and triton.cdiv(K, tile.block_k) >= 4 * cfg.split_k:
             break
     return cfg
 

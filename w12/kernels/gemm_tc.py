@@ -395,11 +395,12 @@ def split_x(x2: torch.Tensor) -> torch.Tensor:
 # uint32 pairs, split in registers and stored back to shared memory every K-step. The even and odd columns
 # also accumulate apart (summed after the loop), so no wgmma waits for the previous one. In the sm_90 build
 # at M = 64 (64 x 128 tiles) the default path's K loop has two local_alloc stores, fences and two full
-# wgmma waits a step; X_SPLIT's has none of them, at 198 registers against 180 (tests/test_w12_tc.py checks
-# the IR). Measured (H100, a02a30b, w12_xsplit_h100.json, the 8B's four per-layer projections): the kernel with
-# x already split is 1.003 / 1.012 / 1.007x the default path (geomean, M = 16 / 32 / 64), and with its split
-# copy in each call 0.93 / 0.94 / 0.97x. So the x round trip is not what holds this kernel back at M >= 32,
-# and the path stays off; SPECPILOT_W12_X_SPLIT=1 turns it on.
+# wgmma waits a step; X_SPLIT's TTGIR and PTX have none of them, at 198 registers against 180
+# (tests/test_w12_tc.py checks the IR), but ptxas serializes its wgmmas (warning C7515: its SASS waits after
+# each of the 16 a step). Measured (H100, a02a30b, w12_xsplit_h100.json, the 8B's four per-layer projections):
+# the kernel with x already split is 1.003 / 1.012 / 1.007x the default path (geomean, M = 16 / 32 / 64), and
+# with its split copy in each call 0.93 / 0.94 / 0.97x; with the serialized wgmmas that does not show what
+# the x round trip costs. The path stays off; SPECPILOT_W12_X_SPLIT=1 turns it on.
 X_SPLIT_DEFAULT = os.environ.get("SPECPILOT_W12_X_SPLIT", "0") == "1"
 
 
