@@ -130,3 +130,62 @@ def test_cost_probe_writes_scratch_only():
     pp.packed_prefill(eng, st.history[:4], [64, 0, 0, 0], slot0=S)
     after = _cache_rows(eng, [0, 1, 2, 3], S) + [st.feats.clone(), st.n_prev.clone()]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["none", "layer", "eagle3"])
+def test_unused_slots_and_a_wider_batch_change_nothing(kind):
+    """The captured form's inputs (``PackedRows`` with unused slots, the batch padded to its bucket, the
+    width rounded up) give the new row the eager form's logits, K/V and EAGLE-3 state, and write nothing a
+    running row or a free row reads: unused slots prefill row 0's scratch slots and keep nothing."""
+    eng = _engine(kind, max_batch=8)
+    V, st, S = eng.target.cfg.vocab_size, eng.state, eng.options.max_seq_len
+    ps = prompts([7, 70, 12, 5], V, seed=3)
+    for i, p in enumerate(ps):
+        st.history[i, : len(p)] = torch.tensor(p)
+    eng.prefill_rows(st.history[:3], [7, 0, 12])  # running rows 0 and 2
+    eager = pp.packed_prefill(eng, st.history[:3], [0, 70, 0])
+    new_kv = _cache_rows(eng, [1], 70)
+    state = (st.feats[1].clone(), st.n_prev[1].clone()) if eng.feature_layers else None
+    keep = [0, 2, 3, 4, 5, 6, 7]
+    before = _cache_rows(eng, keep, S) + ([st.feats[keep].clone(), st.n_prev[keep].clone()] if state else [])
+    dev = eng.device
+    ins = pp.PackedRows.unused(4, S, dev)
+    ins.fill([1], [70], 0, S)
+    assert ins.rows.tolist() == [1, 0, 0, 0] and ins.base.tolist() == [0, S, S, S]
+    W = pp.graph_width(70, eng.options.prefill_chunk)
+    assert W == 128
+    with torch.inference_mode():
+        wide = pp._core(eng, 8, ins, W)
+    after = _cache_rows(eng, keep, S) + ([st.feats[keep].clone(), st.n_prev[keep].clone()] if state else [])
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    torch.testing.assert_close(wide[1], eager[1], rtol=1e-5, atol=1e-5)
+    assert not wide[[0, 2, 3, 4, 5, 6, 7]].any()
+    for a, b in zip(new_kv, _cache_rows(eng, [1], 70), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    if state:
+        torch.testing.assert_close(state[0], st.feats[1], rtol=1e-5, atol=1e-5)
+        assert torch.equal(state[1], st.n_prev[1])
+
+
+def test_graph_keys():
+    eng = _engine("layer", max_batch=16, graph_batch_sizes=(4, 8, 16))
+    g = pp.PackedGraphs(eng)  # keys need no GPU; capture does
+    chunk = eng.options.prefill_chunk
+    assert eng.target_runner.ladder == (4, 8, 16)
+    assert g.key(5, 1, 70) == (8, 1, 128)
+    assert g.key(12, 3, 64) == (16, 4, 64)
+    assert g.key(16, 2, chunk) == (16, 2, chunk)
+    assert g.key(16, 9, 64) is None  # more new rows than a slot bucket holds: eager
+    assert g.keys_at(4) == []  # the padded prefill replays its own graphs there
+    widths = sorted({pp.graph_width(n, chunk) for n in range(1, chunk + 1)})
+    assert widths[0] == 64 and widths[-1] == chunk
+    assert all(b == 2 * a for a, b in zip(widths[:-2], widths[1:-1], strict=True))
+    assert g.keys_at(8) == [(8, s, w) for s in (1, 2, 4) for w in widths]
+    assert {k[1] for k in g.keys_at(16)} == {1, 2, 4, 8}
+    # A captured key packs where the padded prefill's own graphs would otherwise run; others as before.
+    eng.packed_graphs = g
+    eng.target_runner.use_graphs = True
+    g._graphs[(8, 1, 64)] = None
+    assert pp.worth_packing(eng, [0, 5, 0, 0, 0])
+    assert not pp.worth_packing(eng, [0, 5, 0, 0])  # bucket 4: the padded graph
+    assert not pp.worth_packing(eng, [0, 5, 3, 0, 0, 6, 7, 8])  # five new of eight: padding would not double

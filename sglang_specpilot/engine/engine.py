@@ -31,7 +31,7 @@ from tlv import TLVPlan
 from ..config import EngineOptions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
-from .packed_prefill import packed_prefill, worth_packing
+from .packed_prefill import PackedGraphs, packable, packed_prefill, worth_packing
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
 from .round_kinds import SpecPolicy, alternate_rounds, kinds_at
@@ -190,6 +190,8 @@ class Engine:
             from .admission import CarryingGraphs
 
             self.carrying = CarryingGraphs(self)
+        # Packed prefills of prompts admitted beside running rows, captured per (bucket, slots, width).
+        self.packed_graphs = PackedGraphs(self) if self.captured is not None and packable(self) else None
 
     def _check_hybrid(self, options: EngineOptions, shape: RoundShape) -> None:
         """A hybrid (GDN) target: set its verify strategy, refuse what its recurrent state cannot serve."""
@@ -280,6 +282,9 @@ class Engine:
                     self._sampled_graph(cap, b, sampled)
             if self.carrying is not None:
                 self._warm_carrying(b, bs)
+            if self.packed_graphs is not None:  # before measure_costs, which times them
+                for key in self.packed_graphs.keys_at(b):
+                    self.packed_graphs.capture(key)
         if self.carrying is not None:
             from .admission import measure_costs
 

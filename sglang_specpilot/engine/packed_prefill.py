@@ -10,15 +10,19 @@ mechanisms served 0.81x AR's tokens/s while their rounds alone (250 at the step 
 served more than AR.
 
 What. The new rows' first chunk goes through the target as one packed group (``models.mixed_forward``: a
-[n, W] block in the rows a tensor names; causal attention over the chunk's own K/V, scattered into those
-rows' slots), so it costs n rows, not hi. The drafter follows: a Transformer drafter packed the same way;
-an EAGLE-3 drafter (its forward reads the target's features) over the padded rows as before, the new rows'
-features scattered into place, its other rows in scratch slots. It is eager (the shapes are the prompts'),
-which costs kernel launches a captured padded prefill does not pay, so it is taken only where padding would
-at least double the rows run and the padded prefill would not replay a CUDA graph (more rows than
-``PREFILL_GRAPH_MAX_BATCH``, or no graphs), and only for prompts of one chunk on plain targets
-(``worth_packing``). Not yet timed on a GPU: the rule keeps the captured path wherever one exists, since a
-launch-bound model (SmolLM2: ~450 eager kernels a forward) could lose there what the padding costs.
+[S, W] block in the rows a tensor names; causal attention over the chunk's own K/V, scattered into those
+rows' slots), so it costs the new rows, not every row. The drafter follows, packed too: a Transformer
+drafter through ``mixed_forward`` the same way; an EAGLE-3 drafter's one layer needs only its K/V
+(``Eagle3Layer.write_kv``, fed the target's features one position earlier), written into the new rows.
+
+Captured. Eager, the packed prefill of one 64-token prompt took 25.9 ms of wall time for 10.5 ms of GPU
+work (1,518 kernels; H100, lifted 8B, 47ae92f, admit_profile.json), so where rounds are captured it is a
+CUDA graph per (bucket, slots, width) (``PackedGraphs``): the new rows fill ``SLOT_BUCKETS`` slots (unused
+slots prefill row 0's scratch slots and keep nothing), the width is rounded up to a power of two (64, 128,
+..., the chunk), and the batch to its bucket. Those are captured at warm-up for buckets above
+``PREFILL_GRAPH_MAX_BATCH`` (up to that the padded prefill replays its own graphs). Elsewhere (the CPU, more
+new rows than a slot bucket holds) it runs eagerly with one slot per new row, where padding would at least
+double the rows run and the padded prefill replays no graph.
 """
 
 from __future__ import annotations
@@ -29,88 +33,192 @@ import torch
 
 from ..models.llama import Transformer
 from ..models.mixed_forward import Group, mixed_forward
-from .runner import PREFILL_GRAPH_MAX_BATCH
+from .runner import PREFILL_GRAPH_MAX_BATCH, side_stream_warmup
 
 # Packed where the padded prefill would run at least this many times the new rows. Not measured: a margin
 # for the eager launches, well inside the 16x that one prompt admitted at bucket 16 paid (above).
 MIN_PAD_FACTOR = 2
 
+# New rows a captured packed prefill holds (the fewest that fit); more new rows than the largest run eagerly.
+# A server admits one or two at a time (batched suite, 16 clients: 64 requests in 40 admissions).
+SLOT_BUCKETS = (1, 2, 4, 8)
 
 # An A/B switch for benchmarks run in separate processes (SPECPILOT_PACKED_PREFILL=0: always the padded batch
 # prefill, as before); packing is the default.
 PACKED = os.environ.get("SPECPILOT_PACKED_PREFILL", "1") != "0"
 
 
-def worth_packing(engine, lens: list[int]) -> bool:
-    """Whether ``Engine.prefill_rows`` packs these rows: some rows in range have nothing to prefill (at
-    least half of them), the padded prefill would not replay a captured graph, every prompt fits one chunk,
-    and the target is a plain attention model outside TLV and co-located rounds (their prefill keeps state
-    this path does not write)."""
-    new = sum(n > 0 for n in lens)
+def packable(engine) -> bool:
+    """Whether this engine's prefill may pack at all: a plain attention target outside TLV and co-located
+    rounds (their prefill keeps state this path does not write), with no drafter, a Transformer drafter or
+    an EAGLE-3 one (the two kinds ``_core`` writes)."""
     o = engine.options
-    graphed = engine.target_runner.use_graphs and len(lens) <= PREFILL_GRAPH_MAX_BATCH
     return (
         PACKED
-        and 0 < new
-        and new * MIN_PAD_FACTOR <= len(lens)
-        and not graphed
-        and max(lens) <= o.prefill_chunk
         and engine.target_runner.recurrent is None
         and not o.tlv
         and not o.colocate
         and isinstance(engine.target, Transformer)
-        # A drafter is a Transformer (packed alike) or an EAGLE-3 one (padded, fed the target's features).
         and (engine.draft is None or engine.feature_layers is not None or isinstance(engine.draft, Transformer))
     )
 
 
-def _group(history, rows, lens_new, width, slot0, feature_layers=None) -> Group:
-    n = rows.shape[0]
-    pos = torch.arange(width, device=history.device).expand(n, width)
-    last = (lens_new - 1).clamp(min=0)[:, None]
-    return Group(history[rows, :width], pos, slot0 + pos, None, rows, logit_rows=last, feature_layers=feature_layers)
+def worth_packing(engine, lens: list[int]) -> bool:
+    """Whether ``Engine.prefill_rows`` packs these rows: a packable engine, some rows in range have nothing
+    to prefill (at least half of them), every prompt fits one chunk, and either a captured packed prefill
+    holds them or the padded prefill would not replay a captured graph."""
+    new = sum(n > 0 for n in lens)
+    if not (packable(engine) and 0 < new and new * MIN_PAD_FACTOR <= len(lens)):
+        return False
+    if max(lens) > engine.options.prefill_chunk:
+        return False
+    graphs = engine.packed_graphs
+    if graphs is not None and graphs.key(len(lens), new, max(lens)) in graphs:
+        return True
+    return not (engine.target_runner.use_graphs and len(lens) <= PREFILL_GRAPH_MAX_BATCH)
+
+
+def slot_bucket(n: int) -> int | None:
+    return next((s for s in SLOT_BUCKETS if s >= n), None)
+
+
+def graph_width(n: int, chunk: int) -> int:
+    """A captured prefill's width for a longest prompt of ``n`` tokens: 64, 128, 256, ..., at most ``chunk``."""
+    w = 64
+    while w < n:
+        w *= 2
+    return min(w, chunk)
+
+
+class PackedRows:
+    """The inputs of one packed prefill, [S] each: ``rows`` the cache rows, ``lens`` the prompt lengths
+    (0: an unused slot), ``base`` the first slot written (0; ``max_seq_len`` for an unused slot or the
+    warm-up's cost probe, whose writes land in scratch slots and whose rows keep nothing)."""
+
+    def __init__(self, rows: torch.Tensor, lens: torch.Tensor, base: torch.Tensor):
+        self.rows, self.lens, self.base = rows, lens, base
+
+    @classmethod
+    def unused(cls, slots: int, max_seq: int, device) -> PackedRows:
+        z = torch.zeros(slots, dtype=torch.long, device=device)
+        return cls(z, z.clone(), torch.full_like(z, max_seq))
+
+    def fill(self, rows: list[int], lens: list[int], base: int, max_seq: int) -> None:
+        pad = self.rows.shape[0] - len(rows)
+        self.rows.copy_(torch.tensor(rows + [0] * pad))
+        self.lens.copy_(torch.tensor(lens + [0] * pad))
+        self.base.copy_(torch.tensor([base] * len(rows) + [max_seq] * pad))
+
+
+def _core(engine, B: int, ins: PackedRows, W: int) -> torch.Tensor:
+    """The packed prefill of ``ins`` in a batch of ``B`` rows at width ``W``: last-position logits [B, V]
+    (zeros in rows not prefilled). Tensor work only, with shapes fixed by (B, S, W): capturable."""
+    st, dev, max_seq = engine.state, engine.device, engine.options.max_seq_len
+    rows, lens, base = ins.rows, ins.lens, ins.base
+    S = rows.shape[0]
+    used = lens > 0
+    keep = used & (base < max_seq)  # admitted rows: the cost probe and unused slots keep no state
+    pos = torch.arange(W, device=dev).expand(S, W)
+    slots = base[:, None] + pos
+    last_row = (lens - 1).clamp(min=0)[:, None]
+    toks = st.history[rows, :W]
+    fl = engine.feature_layers
+    group = Group(toks, pos, slots, None, rows, logit_rows=last_row, feature_layers=fl)
+    (out,) = mixed_forward(engine.target, [group], engine.target_runner.kv.layers)
+    logits, feats = out if fl is not None else (out, None)
+    # Per row of the batch. index_add, not index_copy: unused slots name row 0 and add zeros, so they never
+    # clobber a new row 0's logits; where, not a product: 0 * inf would be NaN.
+    logits = torch.where(used[:, None], logits[:, 0], 0)
+    last = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=dev).index_add_(0, rows, logits)
+    if engine.draft_runner is None:
+        return last
+    draft_kv = engine.draft_runner.kv.layers
+    if feats is None:  # a Transformer drafter: packed alike (its logits are not read)
+        mixed_forward(engine.draft, [Group(toks, pos, slots, None, rows, logit_rows=last_row)], draft_kv)
+        return last
+    # An EAGLE-3 drafter, as ``Engine._prefill_eagle`` for one chunk: its layer's K/V at each position read
+    # the target's feature one position earlier (zeros before position 0); the prompt's last feature waits
+    # in the round state for the first round, which feeds it with the first emitted token (n_prev 0).
+    F_ = feats.shape[-1]
+    g = engine.draft.project(torch.cat([feats.new_zeros(S, 1, F_), feats[:, :-1]], 1))
+    x2, cos, sin, _ = engine.draft._layer_inputs(toks, pos, g)
+    engine.draft.layers[0].write_kv(x2, cos, sin, *draft_kv[0], rows[:, None], slots)
+    lastf = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
+    lastf = torch.where(keep[:, None], lastf, 0).to(st.feats.dtype)
+    kept = torch.zeros(B, dtype=torch.long, device=dev).index_add_(0, rows, keep.long()) > 0
+    feat_b = torch.zeros(B, F_, dtype=st.feats.dtype, device=dev).index_add_(0, rows, lastf)
+    st.feats[:B, 0] = torch.where(kept[:, None], feat_b, st.feats[:B, 0])
+    st.n_prev[:B] = torch.where(kept, 0, st.n_prev[:B])
+    return last
 
 
 @torch.inference_mode()
 def packed_prefill(engine, history: torch.Tensor, lens: list[int], slot0: int = 0) -> torch.Tensor:
     """``Engine.prefill_rows`` for the rows with ``lens[b] > 0`` alone: last-position logits [B, V] (zeros in
-    the other rows, which nothing is written for). ``slot0`` = max_seq_len writes only scratch slots (the
-    warm-up's cost probe)."""
+    the other rows, which nothing is written for). ``slot0`` = max_seq_len writes only scratch slots and
+    keeps no row state (the warm-up's cost probe). ``history`` is rows 0 .. B - 1 of the engine's state."""
     from .engine import prefill_width
 
-    dev, B = engine.device, len(lens)
+    B = len(lens)
     new = [i for i, n in enumerate(lens) if n > 0]
+    lens_new = [lens[i] for i in new]
+    graphs = engine.packed_graphs
+    key = graphs.key(B, len(new), max(lens_new)) if graphs is not None else None
+    if key in (graphs or ()):
+        return graphs.replay(key, new, lens_new, slot0)[:B]
+    dev = engine.device
     rows = torch.tensor(new, device=dev)
-    lens_new = torch.tensor([lens[i] for i in new], device=dev)
-    width = prefill_width(max(lens), engine.options.prefill_chunk)
-    fl = engine.feature_layers
-    (out,) = mixed_forward(
-        engine.target, [_group(history, rows, lens_new, width, slot0, fl)], engine.target_runner.kv.layers
-    )
-    logits, feats = out if fl is not None else (out, None)
-    last = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=dev).index_copy_(0, rows, logits[:, 0])
-    if engine.draft_runner is not None:
-        _draft(engine, history, lens, rows, lens_new, width, slot0, feats)
-    return last
+    ins = PackedRows(rows, torch.tensor(lens_new, device=dev), torch.full_like(rows, slot0))
+    return _core(engine, B, ins, prefill_width(max(lens_new), engine.options.prefill_chunk))
 
 
-def _draft(engine, history, lens, rows, lens_new, width, slot0, feats) -> None:
-    dev, st, B = engine.device, engine.state, len(lens)
-    if feats is None:  # a Transformer drafter (``worth_packing``)
-        mixed_forward(engine.draft, [_group(history, rows, lens_new, width, slot0)], engine.draft_runner.kv.layers)
-        return
-    lens_t = torch.tensor(lens, device=dev)
-    seq = torch.where(lens_t > 0, slot0, engine.options.max_seq_len)  # the other rows write scratch slots
-    # ``Engine._prefill_eagle`` for one chunk whose target half ran packed: the drafter reads each position's
-    # feature one position earlier (zeros before position 0); the prompt's last feature waits in the round
-    # state for the first round, which feeds it with the first emitted token (n_prev 0).
-    F_ = feats.shape[-1]
-    full = torch.zeros(B, width, F_, dtype=feats.dtype, device=dev).index_copy_(0, rows, feats)
-    prev = torch.zeros(B, 1, F_, dtype=feats.dtype, device=dev)
-    g = engine.draft.project(torch.cat([prev, full[:, :-1]], 1))
-    engine.draft_runner.prefill(history[:, :width], seq, 0, g=g)
-    if slot0:  # the cost probe: no row's state
-        return
-    last = feats.gather(1, (lens_new - 1)[:, None, None].expand(-1, 1, F_))[:, 0]
-    st.feats[rows, 0] = last.to(st.feats.dtype)
-    st.n_prev[rows] = 0
+class PackedGraphs:
+    """``_core`` captured per (bucket, slots, width) on CUDA, as ``admission.CarryingGraphs`` does for
+    carrying rounds. Captured with every slot unused, so the captures write only scratch slots and keep no
+    row state. One memory pool for all: they are replayed one at a time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PackedRows, torch.Tensor]] = {}
+        self._pool = None  # made at the first capture (CUDA)
+
+    def __contains__(self, key) -> bool:
+        return key in self._graphs
+
+    def key(self, B: int, new: int, longest: int) -> tuple[int, int, int] | None:
+        """(bucket, slots, width) for ``new`` prompts of at most ``longest`` tokens among ``B`` rows."""
+        ladder = self.engine.target_runner.ladder
+        bucket = next((b for b in ladder if b >= B), None)
+        slots = slot_bucket(new)
+        if bucket is None or slots is None:
+            return None
+        return bucket, slots, graph_width(longest, self.engine.options.prefill_chunk)
+
+    def keys_at(self, bucket: int) -> list[tuple[int, int, int]]:
+        """Every key a batch of ``bucket`` rows may replay: slot buckets up to half the rows, every width."""
+        if bucket <= PREFILL_GRAPH_MAX_BATCH:
+            return []
+        chunk = self.engine.options.prefill_chunk
+        widths = sorted({graph_width(n, chunk) for n in range(1, chunk + 1)})
+        return [(bucket, s, w) for s in SLOT_BUCKETS if s * MIN_PAD_FACTOR <= bucket for w in widths]
+
+    @torch.inference_mode()
+    def capture(self, key: tuple[int, int, int]) -> None:
+        if key in self._graphs:
+            return
+        eng = self.engine
+        B, S, W = key
+        ins = PackedRows.unused(S, eng.options.max_seq_len, eng.device)
+        side_stream_warmup(lambda: _core(eng, B, ins, W))
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = _core(eng, B, ins, W)
+        self._graphs[key] = (graph, ins, out)
+
+    def replay(self, key, rows: list[int], lens: list[int], slot0: int = 0) -> torch.Tensor:
+        graph, ins, out = self._graphs[key]
+        ins.fill(rows, lens, slot0, self.engine.options.max_seq_len)
+        graph.replay()
+        return out
