@@ -4,6 +4,7 @@
 #   bash benchmarks/device/recheck.sh batched   # lifted 8B server, 16 clients x 4 requests: AR vs the mechanisms
 #   bash benchmarks/device/recheck.sh packed [ab]  # the same (and stock) with the packed prefill; "ab": then
 #                                               # off too (SPECPILOT_PACKED_PREFILL=0); through serve_loop_probe
+#   NS=1,4,16,64 bash benchmarks/device/recheck.sh sweep  # the same over N (SWEEP_S: the call's seconds)
 set -u
 export PYTHONPATH=$PWD:/tmp/pp
 stage=${1:?stage rounds, batched or packed}
@@ -24,5 +25,11 @@ packed)  # packed prefill on (the default); with a second argument "ab", then of
       | grep -v -E "Warn|pdl|originates|warn_once|^ *$|_warn_once|return PDL" | tail -16
     mv $OUT/serve_loop_probe.json $OUT/packed$v/serve_loop_probe.json
   done ;;
+sweep)  # the issue-18 sweep over N (default 1,4,16,64) through serve_loop_probe: AR, stock, the mechanisms
+  timeout ${SWEEP_S:-540} python benchmarks/probes/serve_loop_probe.py -- --model /tmp/smol.gguf \
+    --systems ${SYSTEMS:-ar,stock,specpilot_batched} --concurrency ${NS:-1,4,16,64} --requests-per-client 4 \
+    --deadline-s $(( ${SWEEP_S:-540} - 80 )) --results-dir $OUT/sweep 2>&1 \
+    | grep -v -E "Warn|pdl|originates|warn_once|^ *$|_warn_once|return PDL" | tail -60
+  mv $OUT/serve_loop_probe.json $OUT/sweep/serve_loop_probe.json ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
