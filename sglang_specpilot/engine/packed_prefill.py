@@ -27,6 +27,7 @@ double the rows run and the padded prefill replays no graph.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -34,6 +35,8 @@ import torch
 from ..models.llama import Transformer
 from ..models.mixed_forward import Group, mixed_forward
 from .runner import PREFILL_GRAPH_MAX_BATCH, side_stream_warmup
+
+log = logging.getLogger("specpilot.engine")
 
 # Packed where the padded prefill would run at least this many times the new rows. Not measured: a margin
 # for the eager launches, well inside the 16x that one prompt admitted at bucket 16 paid (above).
@@ -181,6 +184,7 @@ class PackedGraphs:
         self.engine = engine
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PackedRows, torch.Tensor]] = {}
         self._pool = None  # made at the first capture (CUDA)
+        self.refused: dict[tuple[int, int, int], str] = {}  # key -> why its capture failed
 
     def __contains__(self, key) -> bool:
         return key in self._graphs
@@ -206,15 +210,22 @@ class PackedGraphs:
     def capture(self, key: tuple[int, int, int]) -> None:
         if key in self._graphs:
             return
+        if key in self.refused:
+            return
         eng = self.engine
         B, S, W = key
         ins = PackedRows.unused(S, eng.options.max_seq_len, eng.device)
-        side_stream_warmup(lambda: _core(eng, B, ins, W))
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = _core(eng, B, ins, W)
+        try:
+            side_stream_warmup(lambda: _core(eng, B, ins, W))
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = _core(eng, B, ins, W)
+        except Exception as e:  # noqa: BLE001 - a key that cannot be captured is not packed in a graph
+            self.refused[key] = f"{type(e).__name__}: {e}"
+            log.warning("packed prefill %s not captured (the padded or eager prefill serves it): %s", key, e)
+            return
         self._graphs[key] = (graph, ins, out)
 
     def replay(self, key, rows: list[int], lens: list[int], slot0: int = 0) -> torch.Tensor:
