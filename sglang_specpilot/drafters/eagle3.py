@@ -165,6 +165,14 @@ class Eagle3Drafter(nn.Module):
         """Target features [.., 3 * target_hidden] -> g [.., H]."""
         return self.fc(feats.to(self.fc.weight.dtype))
 
+    def prefill_inputs(self, feats: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """g [B, N, H] for a prefill chunk whose target features are ``feats`` [B, N, F]: the drafter reads each
+        position's feature one position earlier (it was trained so), ``prev`` [B, 1, F] before the chunk's
+        first position (the previous chunk's last feature; zeros before a prompt's first)."""
+        if prev is None:
+            prev = feats.new_zeros(feats.shape[0], 1, feats.shape[-1])
+        return self.project(torch.cat([prev, feats[:, :-1]], 1))
+
     def forward(
         self,
         tokens: torch.Tensor,

@@ -144,14 +144,13 @@ def _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row) -> Non
     if feats is None:
         engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True)
         return
-    # ``Engine._prefill_eagle`` for one chunk whose target half already ran: the drafter reads each
-    # position's feature one position earlier (zeros before position 0); the prompt's last feature waits
-    # in the round state for the first round, which feeds it with the first emitted token (n_prev 0).
+    # ``Engine._prefill_eagle`` for one chunk whose target half already ran (``prefill_inputs``); the
+    # prompt's last feature waits in the round state for the first round, which feeds it with the first
+    # emitted token (n_prev 0).
     F_ = feats.shape[-1]
     feats = torch.where(used[:, None, None], feats, 0)
     full = torch.zeros(b, W, F_, dtype=feats.dtype, device=feats.device).index_add_(0, rows, feats)
-    prev = torch.zeros(b, 1, F_, dtype=feats.dtype, device=feats.device)
-    g = engine.draft.project(torch.cat([prev, full[:, :-1]], 1))
+    g = engine.draft.prefill_inputs(full)
     engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True, g=g)
     last = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
     last_b = torch.zeros(b, F_, dtype=feats.dtype, device=feats.device).index_add_(0, rows, last)

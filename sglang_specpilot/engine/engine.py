@@ -586,7 +586,7 @@ class Engine:
             extra = {} if self.target_runner.recurrent is None else {"valid": (lens_t - start).clamp(0, n)}
             extra["feature_layers"] = self.feature_layers
             logits, feats = self.target_runner.prefill(toks, seq, start, end, **extra)
-            g = self.draft.project(torch.cat([prev, feats[:, :-1]], 1))
+            g = self.draft.prefill_inputs(feats, prev)
             self.draft_runner.prefill(toks, seq, start, g=g)
             here = (lens_t - 1 >= start) & (lens_t - 1 < start + n)
             out = logits[:, 0] if out is None else torch.where(here[:, None], logits[:, 0], out)

@@ -139,11 +139,11 @@ def _core(engine, B: int, ins: PackedRows, W: int) -> torch.Tensor:
     if feats is None:  # a Transformer drafter: packed alike (its logits are not read)
         mixed_forward(engine.draft, [Group(toks, pos, slots, None, rows, logit_rows=last_row)], draft_kv)
         return last
-    # An EAGLE-3 drafter, as ``Engine._prefill_eagle`` for one chunk: its layer's K/V at each position read
-    # the target's feature one position earlier (zeros before position 0); the prompt's last feature waits
-    # in the round state for the first round, which feeds it with the first emitted token (n_prev 0).
+    # An EAGLE-3 drafter, as ``Engine._prefill_eagle`` for one chunk: its layer's K/V (``prefill_inputs``);
+    # the prompt's last feature waits in the round state for the first round, which feeds it with the first
+    # emitted token (n_prev 0).
     F_ = feats.shape[-1]
-    g = engine.draft.project(torch.cat([feats.new_zeros(S, 1, F_), feats[:, :-1]], 1))
+    g = engine.draft.prefill_inputs(feats)
     x2, cos, sin, _ = engine.draft._layer_inputs(toks, pos, g)
     engine.draft.layers[0].write_kv(x2, cos, sin, *draft_kv[0], rows[:, None], slots)
     lastf = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
