@@ -91,6 +91,20 @@ HEADLINES: tuple[Headline, ...] = (
         ),
     ),
     Headline(
+        "batched_h100.json",
+        LIFTED_8B,
+        "1 / 16 clients",
+        "server, steady state (4 requests a client): trees + the batched mechanisms vs AR and stock, total "
+        "tokens/s, packed prefill captured",
+        lambda m: _tokens_vs(
+            m["batched_tokens_per_s_specpilot_batched_n1"],
+            m["batched_tokens_per_s_ar_n1"],
+            m["batched_speedup_vs_ar_specpilot_batched_n1"],
+            f" at 1; {m['batched_speedup_vs_ar_specpilot_batched_n16']:.2f}x AR and "
+            f"{m['batched_tokens_per_s_specpilot_batched_n16'] / m['batched_tokens_per_s_stock_n16']:.2f}x stock at 16",
+        ),
+    ),
+    Headline(
         "tune_h200.json",
         LIFTED_8B,
         "1",
