@@ -4,7 +4,9 @@
 #   bash benchmarks/device/recheck.sh batched   # lifted 8B server, 16 clients x 4 requests: AR vs the mechanisms
 #   bash benchmarks/device/recheck.sh packed [ab]  # the same (and stock) with the packed prefill; "ab": then
 #                                               # off too (SPECPILOT_PACKED_PREFILL=0); through serve_loop_probe
-#   NS=1,4,16,64 bash benchmarks/device/recheck.sh sweep  # the same over N (SWEEP_S: the call's seconds)
+#   NS=1,4,16,64 bash benchmarks/device/recheck.sh sweep  # the same over N (SWEEP_S: the call's seconds;
+#       EXTRA: more bench batched arguments, e.g. "--resume benchmarks/results/batched_h100.json" to add
+#       N = 4, 8, 32, 64 to the N = 1 and 16 of d6fbe2c, or "--shared-budget 64" for 4 nodes a row at 16)
 set -u
 export PYTHONPATH=$PWD:/tmp/pp
 stage=${1:?stage rounds, batched or packed}
@@ -28,7 +30,7 @@ packed)  # packed prefill on (the default); with a second argument "ab", then of
 sweep)  # the issue-18 sweep over N (default 1,4,16,64) through serve_loop_probe: AR, stock, the mechanisms
   timeout ${SWEEP_S:-540} python benchmarks/probes/serve_loop_probe.py -- --model /tmp/smol.gguf \
     --systems ${SYSTEMS:-ar,stock,specpilot_batched} --concurrency ${NS:-1,4,16,64} --requests-per-client 4 \
-    --deadline-s $(( ${SWEEP_S:-540} - 80 )) --results-dir $OUT/sweep 2>&1 \
+    --deadline-s $(( ${SWEEP_S:-540} - 80 )) --results-dir $OUT/sweep ${EXTRA:-} 2>&1 \
     | grep -v -E "Warn|pdl|originates|warn_once|^ *$|_warn_once|return PDL" | tail -60
   mv $OUT/serve_loop_probe.json $OUT/sweep/serve_loop_probe.json ;;
 *) echo "unknown stage $stage"; exit 2 ;;
