@@ -5,7 +5,10 @@ A round's verify block is [B, N + 1] tokens; a prompt that arrives meanwhile nee
 the MLP (everything that reads weights) run once on the groups' tokens concatenated, and only attention,
 which reads each group's own cache rows, runs per group, the way mixed prefill/decode batches pack tokens.
 Per token the arithmetic is ``Transformer.forward``'s (``Block.forward``: h = x + attn(norm(x)), then
-h + mlp(norm(h))); only the GEMMs' row count differs.
+h + mlp(norm(h))); only the GEMMs' row count differs, and the norms run as one launch each where
+``eager_norm`` has its kernel (the same two roundings, the mean's sum in another order): this pass runs
+eagerly or inside a graph captured from eager code, where a norm was eight kernels: 65 norms, ~520 of the
+~1,500 kernels of a packed 8B prefill (H100, admit_profile.json). Not yet timed on a GPU.
 
 A group names its cache rows either as a range (its rows' views of the cache; attention over prefix and
 block as ``Attention.core``) or as a tensor of row indices, packed: then the group is a prompt's first
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .llama import Transformer
+from .llama import Transformer, eager_norm
 
 
 @dataclass
@@ -59,7 +62,7 @@ def mixed_forward(model: Transformer, groups: list[Group], kv: list[tuple[torch.
     feats: list[list[torch.Tensor]] = [[] for _ in groups]
     for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv, strict=True)):
         attn = layer.attn
-        qkv = attn.wqkv(layer.attn_norm(x)).split(sizes)
+        qkv = attn.wqkv(eager_norm(layer.attn_norm, x)).split(sizes)
         outs = []
         for g, (b, n), part, (cos, sin), bi in zip(groups, shapes, qkv, rope, idx, strict=True):
             if isinstance(g.rows, torch.Tensor):
@@ -71,7 +74,7 @@ def mixed_forward(model: Transformer, groups: list[Group], kv: list[tuple[torch.
                 o = attn.core(part.view(b, n, -1), cos, sin, kc, vc, bi, g.slots, g.mask, g.seq_len, g.anc)
             outs.append(o.flatten(0, 1))
         x = x + attn.wo(torch.cat(outs))
-        x = x + layer.mlp(layer.mlp_norm(x))
+        x = x + layer.mlp(eager_norm(layer.mlp_norm, x))
         for j, g in enumerate(groups):
             if g.feature_layers is not None and i in g.feature_layers:
                 feats[j].append(x)
@@ -83,7 +86,7 @@ def mixed_forward(model: Transformer, groups: list[Group], kv: list[tuple[torch.
         h = x[offsets[j] : offsets[j + 1]].view(b, n, -1)
         if g.logit_rows is not None:
             h = h.gather(1, g.logit_rows[..., None].expand(-1, -1, h.shape[-1]))
-        logits = model.lm_head(model.norm(h))
+        logits = model.lm_head(eager_norm(model.norm, h))
         if g.feature_layers is None:
             results.append(logits)
         else:
