@@ -99,6 +99,10 @@ class EngineOptions:
         ``tree_budget``; at a batch bucket whose rows would exceed it the round verifies fewer nodes per row
         (``round_kinds.width_for``: N, N/2, ... down to 4, each a round kind). None (the default): every row
         verifies ``tree_budget`` nodes.
+    adaptive_width : with ``shared_budget`` and ``auto_off``: each round verifies the width (the shared budget's,
+        or a narrower one: N/2, N/4, ... down to 4 nodes a row) whose rows' estimated tokens per round over the
+        step curve's time is highest (``engine.adaptive_width``; narrower widths' tokens are known exactly from
+        where a round's accepted nodes ranked). False (the default): the shared budget sets the width.
     prompt_admission : prompt tokens a round may carry in its target forward (``engine.admission``): a prompt
         that arrives while rows are running and fits is prefilled inside the next round's verify pass (one
         read of the weights for both) instead of a separate prefill that holds the running rows back; at most
@@ -150,6 +154,7 @@ class EngineOptions:
     auto_off_probe_every: int = 16
     adaptive_depths: tuple[int, ...] = ()
     shared_budget: int | None = None
+    adaptive_width: bool = False
     prompt_admission: int = 0
     capture_sampling: bool = True
     decode_gemv: bool = True
@@ -224,6 +229,11 @@ class EngineOptions:
                 raise ValueError("shared_budget shares tree nodes: it needs tree rounds (tree_budget)")
             if self.shared_budget < 1:
                 raise ValueError(f"shared_budget must be >= 1, got {self.shared_budget}")
+        if self.adaptive_width and (self.shared_budget is None or not self.auto_off):
+            raise ValueError(
+                "adaptive_width chooses among the shared budget's widths by the step curve: it needs shared_budget "
+                "and auto_off"
+            )
 
     def _check_tlv(self) -> None:
         if self.weights != "w12":

@@ -80,7 +80,7 @@ def test_keepup_round_keeps_the_drafter_current():
     eng.policy.auto_off.max_backoff = 1  # a probe every third round: this test is about the keep-up
     eng.policy.auto_off._restart()
     seen, observe = [], eng.policy.observe
-    eng.policy.observe = lambda row, k, kind: (seen.append((k, kind)), observe(row, k, kind))
+    eng.policy.observe = lambda row, k, kind, *out: (seen.append((k, kind)), observe(row, k, kind, *out))
     _ids(eng, [p], n=40)
     spec = [k for k, kind in seen if kind != "ar"]
     assert eng.policy.decisions.get(PROBE, 0) >= 3 and len(spec) >= 4
@@ -193,7 +193,7 @@ def test_eagle3_keepup_drafts_as_the_full_keepup_did(monkeypatch):
     def run():
         eng = _engine(target, draft, "tree", auto_off=True, auto_off_curve=((1, 1.0, 2.2),), auto_off_probe_every=2)
         seen, observe = [], eng.policy.observe
-        eng.policy.observe = lambda row, k, kind: (seen.append((row, k, kind)), observe(row, k, kind))
+        eng.policy.observe = lambda row, k, kind, *out: (seen.append((row, k, kind)), observe(row, k, kind, *out))
         ids = _ids(eng, ps, n=40)
         return ids, seen, eng.policy.decisions, [t.clone() for t in eng.draft_runner.kv.layers[0]]
 

@@ -71,7 +71,8 @@ def test_shared_budget_needs_trees():
 
 
 @pytest.mark.gpu
-def test_captured_batched_mechanisms_equal_ar_gpu():
+@pytest.mark.parametrize("adaptive_width", [False, True])
+def test_captured_batched_mechanisms_equal_ar_gpu(adaptive_width):
     # bench batched's specpilot_batched system on the H200 failed its capture: the shared budget's
     # ``keep[taken] = True`` copied a host scalar inside the graph. Capture every mechanism together here.
     target = tiny_model("tiny-llama").cuda()
@@ -80,6 +81,7 @@ def test_captured_batched_mechanisms_equal_ar_gpu():
     kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
     ar = _ids(Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False)), ps)
     mech = dict(tree_budget=8, tree_depth=4, tree_top_k=2, shared_budget=12, auto_off=True, adaptive_depths=(2, 3))
+    mech["adaptive_width"] = adaptive_width  # every narrower width captured at every bucket, chosen per round
     eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False, **mech), draft)
     eng.warmup()
     assert _ids(eng, ps) == ar

@@ -85,7 +85,9 @@ class RoundState:
     seq_len : [R] int64, tokens in the target cache; next_tok : [R] int64, the last emitted token
     in_use : [R] bool, rows whose request is live (others ride along and advance nothing)
     out : [R, D + 3] int64, the round's result per row: emitted tokens at ``out[:, : n + 1]``, at -2 whether
-          the target's logits held a NaN or inf (read back with the tokens: no sync of its own), n at -1
+          the target's logits held a NaN or inf (read back with the tokens: no sync of its own), n at -1;
+          [R, 2D + 3] with ``ranks``: a tree round's accepted nodes' verify-block indices at D + 1 .. 2D
+          (``Round.rank_col``; ``engine.adaptive_width``)
     feats, n_prev : an EAGLE-3 drafter's inputs (else None): [R, D + 1, F] the target features of the
         last round's root and accepted nodes, [R] how many nodes it accepted (``draft_tree._eagle_root``)
     """
@@ -100,16 +102,23 @@ class RoundState:
 
     @classmethod
     def allocate(
-        cls, rows: int, width: int, shape: RoundShape, device, features: tuple[int, torch.dtype] | None = None
+        cls,
+        rows: int,
+        width: int,
+        shape: RoundShape,
+        device,
+        features: tuple[int, torch.dtype] | None = None,
+        ranks: bool = False,
     ) -> RoundState:
-        """``features``: (feature width F, dtype) for an EAGLE-3 drafter."""
+        """``features``: (feature width F, dtype) for an EAGLE-3 drafter; ``ranks``: room for the accepted
+        nodes' ranks in ``out``."""
         st = cls(
             history=torch.zeros(rows, width, dtype=torch.long, device=device),
             # A free row keeps length 1: a draft step reads the token at seq_len - 1.
             seq_len=torch.ones(rows, dtype=torch.long, device=device),
             next_tok=torch.zeros(rows, dtype=torch.long, device=device),
             in_use=torch.zeros(rows, dtype=torch.bool, device=device),
-            out=torch.zeros(rows, shape.depth + 3, dtype=torch.long, device=device),
+            out=torch.zeros(rows, shape.depth * (2 if ranks else 1) + 3, dtype=torch.long, device=device),
         )
         if features is not None:
             st.feats = torch.zeros(rows, shape.depth + 1, features[0], dtype=features[1], device=device)
@@ -137,6 +146,9 @@ class Round:
         self._block_slots = torch.arange(n, device=dev)
         self._path = torch.arange(shape.depth + 1, device=dev)
         self.shared_budget: int | None = None  # verify nodes shared by the batch (``shared_budget``)
+        # Where a tree round writes its accepted nodes' verify-block indices in ``out`` (``adaptive_width``:
+        # ``RoundState.allocate(ranks=True)``), or None: not written.
+        self.rank_col: int | None = None
 
     @property
     def capturable(self) -> bool:
@@ -299,6 +311,8 @@ class Round:
             picked = feats.gather(1, path[:, :, None].expand(B, D + 1, feats.shape[-1]))
             buf.copy_(torch.where(use[:, None, None], picked.to(buf.dtype), buf))
         hist.scatter_(1, seq[:, None] + self._path, accepted)
+        if self.rank_col is not None and parents is not None:  # the accepted nodes' ranks + 1 (adaptive_width)
+            out[:, self.rank_col : self.rank_col + D] = path[:, 1:]
         out[:, :D] = accepted[:, 1:]
         out[:, D] = bonus
         out.scatter_(1, n[:, None], bonus[:, None])  # row layout: a_1 .. a_n, bonus

@@ -27,6 +27,7 @@ from dataclasses import replace
 from ..config import EngineOptions, tree_candidates
 from .acceptance import Acceptance
 from .adaptive_depth import batch_depth
+from .adaptive_width import WidthEstimates, best_width
 from .auto_off import AR, PROBE, AutoOff
 from .keepup_round import KeepUpARRound
 from .round import Round, RoundShape
@@ -100,10 +101,35 @@ def kind_key(engine, depth: int, b: int):
 
 def kinds_at(engine, b: int) -> list:
     """The kinds a batch of bucket ``b`` may run: what warm-up captures there (every kind but the narrowed
-    ones, which only their buckets use)."""
+    ones, which only their buckets use; with ``adaptive_width``, every width below a bucket's too)."""
     depths = {engine.round.shape.depth} | {k for k in engine.kinds if isinstance(k, int)}
     used = {kind_key(engine, d, b) for d in depths}
+    if engine.options.adaptive_width:
+        used |= {key for d in depths for _, key in width_keys(engine, d, b)}
     return [k for k in engine.kinds if not isinstance(k, tuple) or k in used]
+
+
+def _depth_budget(engine, depth: int) -> int:
+    return (engine.round if depth == engine.round.shape.depth else engine.kinds[depth]).shape.budget
+
+
+def width_keys(engine, depth: int, b: int) -> list[tuple[int, object]]:
+    """(width, kind key) of the tree kinds at ``depth`` that bucket ``b`` may run under ``adaptive_width``:
+    the shared budget's width there (``width_for``), then the narrower ones, widest first."""
+    budget = _depth_budget(engine, depth)
+    base = None if depth == engine.round.shape.depth else depth
+    w0 = width_for(budget, engine.options.shared_budget, b)
+    out = []
+    for w in [w0, *widths_below(w0)]:
+        key = base if w == budget else (depth, w)
+        if key is base or key in engine.kinds:
+            out.append((w, key))
+    return out
+
+
+def width_of(engine, key) -> int:
+    """Verify nodes per row of a speculative kind key (None: the engine's own round)."""
+    return (engine.round if key is None else engine.kinds[key]).shape.budget
 
 
 class SpecPolicy:
@@ -126,6 +152,11 @@ class SpecPolicy:
         self.shared_rounds = 0  # rounds run under the shared node budget (``shared_budget``)
         self.width_rounds: dict[int, int] = {}  # narrowed verify blocks: rounds run at each width
         self._depth: int | None = None
+        # Adaptive width: tokens per round by (depth, width), and rounds since the widest last ran.
+        self.widths = WidthEstimates(opts.max_batch_size) if opts.adaptive_width else None
+        self.width_probe_every = opts.auto_off_probe_every
+        self._narrow_rounds = 0
+        self.width_choices: dict[str, int] = {}  # adaptive width: chosen / widest (no estimate) / probe
 
     @property
     def active(self) -> bool:
@@ -136,9 +167,13 @@ class SpecPolicy:
         if self.adaptive:
             depth = batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
         key = kind_key(self.engine, depth, b)
+        taus = [self.acc.tokens[r] for r in rows]
+        if self.widths is not None:
+            key, width_taus = self._choose_width(rows, depth, b, key)
+            taus = width_taus or taus
         if self.auto_off is not None:
             kind = "spec" if key is None else key
-            decision = self.auto_off.decide([self.acc.tokens[r] for r in rows], b, kind)
+            decision = self.auto_off.decide(taus, b, kind)
             self.decisions[decision] = self.decisions.get(decision, 0) + 1
             if decision == AR:
                 return "ar"
@@ -152,15 +187,66 @@ class SpecPolicy:
         self.shared_rounds += self.shared
         return key
 
+    def _choose_width(self, rows: list[int], depth: int, b: int, default):
+        """(kind key, its rows' estimated tokens or None) for the round at ``depth``: the width with the most
+        estimated tokens per ms (``adaptive_width``), the widest every ``width_probe_every`` narrower rounds."""
+        cands = [(w, k) for w, k in width_keys(self.engine, depth, b) if self._captured(k, b)]
+        if len(cands) < 2:
+            return default, None
+        if self._narrow_rounds >= self.width_probe_every:
+            self._narrow_rounds = 0
+            self._count_width("probe")
+            return cands[0][1], None
+        w = best_width(cands, lambda w: self.widths.tau(rows, depth, w), lambda k: self._ms(k, b))
+        if w is None:
+            self._count_width("widest")
+            return cands[0][1], None
+        self._count_width("chosen")
+        self._narrow_rounds = self._narrow_rounds + 1 if w != cands[0][0] else 0
+        key = dict((cw, ck) for cw, ck in cands)[w]
+        return key, [self.widths.est[r][(depth, w)] for r in rows]
+
+    def _captured(self, key, b: int) -> bool:
+        eng = self.engine
+        if eng.captured is None:  # no graphs (CPU): every kind runs eagerly
+            return key is None or key in eng.kinds
+        if key is None:
+            return True
+        cap = eng.kinds_captured.get(key)
+        return cap is not None and b in cap
+
+    def _ms(self, key, b: int) -> float | None:
+        """The step curve's ms for ``key`` measured at bucket ``b`` exactly (no interpolation across kinds)."""
+        curve = self.auto_off.curve if self.auto_off is not None else None
+        name = "spec" if key is None else key
+        if curve is None or all(r != b for r, _ in curve.points.get(name, [])):
+            return None
+        return curve.ms(name, b)
+
+    def _count_width(self, what: str) -> None:
+        self.width_choices[what] = self.width_choices.get(what, 0) + 1
+
     def depth_of(self, key) -> int:
         if isinstance(key, tuple):  # a narrowed round: its width may cap its depth
             return self.engine.kinds[key].shape.depth
         return self.main_depth if key is None else (0 if key == "ar" else key)
 
-    def observe(self, row: int, tokens: int, key) -> None:
+    def observe(self, row: int, tokens: int, key, out_row: list[int] | None = None) -> None:
+        """A round of kind ``key`` emitted ``tokens`` for ``row``; ``out_row`` its ``RoundState.out`` row
+        (with ``adaptive_width``: the accepted nodes' ranks, ``Round.rank_col``)."""
         d = self.depth_of(key)
-        if d:  # AR rounds say nothing about the drafter
-            self.acc.observe(row, tokens, d)
+        if not d:  # AR rounds say nothing about the drafter
+            return
+        self.acc.observe(row, tokens, d)
+        if self.widths is not None and out_row is not None:
+            # Estimates are keyed by the depth the policy chose (a narrowed kind's own may be capped by its
+            # width); the ranks are its accepted path's, d entries.
+            nominal = key[0] if isinstance(key, tuple) else (self.main_depth if key is None else key)
+            w = width_of(self.engine, key)
+            col = self.engine.round.rank_col
+            self.widths.observe(row, nominal, [w, *widths_below(w)], out_row[col : col + d], tokens)
 
     def forget(self, row: int) -> None:
         self.acc.forget(row)
+        if self.widths is not None:
+            self.widths.forget(row)

@@ -359,7 +359,7 @@ class RowBatch:
                 continue
             self.host_len[row] += k
             if self.policy is not None:
-                self.policy.observe(row, k, inflight.kind)
+                self.policy.observe(row, k, inflight.kind, packed[row])
             self.rounds += 1
             self.round_tokens += k
             events += self._emit(req, packed[row][:k], count_round=True)

@@ -70,6 +70,7 @@ class Metrics:
         self.predicted_speedup: float | None = None
         self.shared_budget_rounds = 0
         self.width_rounds: dict[int, int] = {}
+        self.width_choices: dict[str, int] = {}
         self.adaptive_depth = False
         self.admissions: dict[str, int] | None = None  # prompt admission's decisions (None: off)
         self.colocate: tuple[dict[str, int], bool] | None = None  # co-location: rounds by strategy, latest's
@@ -107,6 +108,7 @@ class Metrics:
                 self.spec_decisions, self.depth_rounds = dict(policy.decisions), dict(policy.depth_rounds)
                 self.shared_budget_rounds, self.adaptive_depth = policy.shared_rounds, policy.adaptive
                 self.width_rounds = dict(policy.width_rounds)
+                self.width_choices = dict(getattr(policy, "width_choices", {}))
                 if policy.auto_off is not None:
                     self.predicted_speedup = policy.auto_off.last_speedup
 
@@ -177,8 +179,17 @@ class Metrics:
             rows.append((
                 "narrowed_verify_rounds_total",
                 "counter",
-                "Shared node budget: tree rounds whose verify block was cut to fit the budget, by nodes per row.",
+                "Shared node budget: tree rounds whose verify block was cut to fit the budget (or, with adaptive "
+                "width, chosen narrower), by nodes per row.",
                 [({"width": str(k)}, v) for k, v in sorted(self.width_rounds.items())],
+            ))  # fmt: skip
+        if self.width_choices:
+            rows.append((
+                "adaptive_width_choices_total",
+                "counter",
+                "Adaptive width: rounds by how their width was chosen (chosen: the most estimated tokens per ms; "
+                "widest: a row had no estimate yet; probe: the widest, re-measuring the wider widths).",
+                [({"how": k}, v) for k, v in sorted(self.width_choices.items())],
             ))  # fmt: skip
         if self.admissions is not None:
             rows.append((

@@ -71,6 +71,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     # (1.07x AR; the N 32 round, 17.3 ms against AR's 5.2, lost); N 32 up to 4 rows.
     p.add_argument("--shared-budget", type=int, default=128, help="specpilot_batched: verify nodes per round")
     p.add_argument("--prompt-admission", type=int, default=256, help="specpilot_batched: prompt tokens per round")
+    p.add_argument(
+        "--adaptive-width", action="store_true", help="specpilot_batched: each round's width by tokens per ms"
+    )
     add_model_args(p)
     p.add_argument("--deadline-s", type=float, default=480.0, help="seconds after which no new part starts")
     p.add_argument("--part-timeout-s", type=float, default=120.0, help="seconds one (system, N) part may take")
@@ -143,6 +146,7 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
                     auto_off=True,
                     adaptive_depths=tuple(parse_ints(a.adaptive_depths)) if a.adaptive_depths else (),
                     shared_budget=a.shared_budget,
+                    adaptive_width=a.adaptive_width,
                     prompt_admission=a.prompt_admission,
                 ),
             }[system]
@@ -341,6 +345,7 @@ def _decisions(eng) -> dict:
             "depths": dict(p.depth_rounds),
             "shared_rounds": p.shared_rounds,
             "widths": dict(p.width_rounds),
+            "width_choices": dict(p.width_choices),
         }
     return out
 

@@ -1,0 +1,69 @@
+"""Adaptive verify width: per round, the tree width (verify nodes per row) with the most tokens per
+millisecond at the batch's bucket, from exact counterfactuals of the narrower widths.
+
+Why. The shared node budget fixes a bucket's width (``round_kinds.width_for``: 8 nodes a row at 16 rows
+under the batched suite's 128), and at 16 clients that width only tied stock's chain: 2.87 tokens a row
+in a 9.7 ms round against the chain's 2.17 in 7.5 ms (H100, lifted 8B, d6fbe2c, batched_h100.json). Which
+width pays depends on the text and the batch, so it is measured, not set.
+
+Counterfactuals. A best-first tree lists its nodes by path score, parents first, so the tree of w nodes is
+the first w nodes of a wider one over the same lattice (a narrower kind drafts the same depths, and w
+nodes reach at most depth w), and the ranks rise along any root path. A round that accepted nodes ranked
+r_1 < r_2 < ... < r_n would therefore have accepted, at width w, exactly those ranked below w: its count
+at w is 1 (the bonus) plus that many. One round at width W measures every width up to W exactly; a width
+wider than the one a row last ran keeps its older estimate until a probe (every ``probe_every`` rounds the
+widest width runs) refreshes it.
+
+Choice. Among the widths whose kinds are captured at the bucket, the one with the highest mean estimated
+tokens over the step curve's milliseconds for that kind and bucket (the rows are the same whichever width
+runs). A width with no estimate for some row is not chosen; the widest (the shared budget's) then runs.
+"""
+
+from __future__ import annotations
+
+from .acceptance import ALPHA
+
+
+def counterfactual(ranks: list[int], n: int, width: int) -> int:
+    """Tokens a round whose ``n`` accepted nodes sat at verify-block indices ``ranks`` (rank + 1, rising;
+    entries past n ignored) would have emitted at ``width`` nodes: the bonus plus the nodes inside it."""
+    return 1 + sum(1 for r in ranks[:n] if r <= width)
+
+
+class WidthEstimates:
+    """Per row and (depth, width), an EMA of tokens per round (``acceptance.ALPHA``), from rounds at that
+    depth and at least that width."""
+
+    def __init__(self, rows: int, alpha: float = ALPHA):
+        self.alpha = alpha
+        self.est: list[dict[tuple[int, int], float]] = [{} for _ in range(rows)]
+
+    def observe(self, row: int, depth: int, widths: list[int], ranks: list[int], tokens: int) -> None:
+        """A round at depth ``depth`` and width ``widths[0]`` emitted ``tokens``; ``widths`` lists it and
+        the narrower widths to update."""
+        for w in widths:
+            t = counterfactual(ranks, tokens - 1, w)
+            old = self.est[row].get((depth, w))
+            self.est[row][(depth, w)] = float(t) if old is None else old + self.alpha * (t - old)
+
+    def tau(self, rows: list[int], depth: int, width: int) -> float | None:
+        """Mean estimate over ``rows``; None where a row has none."""
+        vals = [self.est[r].get((depth, width)) for r in rows]
+        if not vals or any(v is None for v in vals):
+            return None
+        return sum(vals) / len(vals)
+
+    def forget(self, row: int) -> None:
+        self.est[row] = {}
+
+
+def best_width(candidates: list[tuple[int, object]], tau, ms) -> int | None:
+    """The width of ``candidates`` [(width, kind key)] with the highest ``tau(width) / ms(key)``; None when
+    any candidate lacks either (the caller keeps its default)."""
+    scored = []
+    for w, key in candidates:
+        t, m = tau(w), ms(key)
+        if t is None or m is None or m <= 0:
+            return None
+        scored.append((t / m, w))
+    return max(scored)[1] if scored else None
