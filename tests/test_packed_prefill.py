@@ -189,3 +189,37 @@ def test_graph_keys():
     assert pp.worth_packing(eng, [0, 5, 0, 0, 0])
     assert not pp.worth_packing(eng, [0, 5, 0, 0])  # bucket 4: the padded graph
     assert not pp.worth_packing(eng, [0, 5, 3, 0, 0, 6, 7, 8])  # five new of eight: padding would not double
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["none", "layer", "eagle3"])
+def test_captured_packed_prefill_equals_each_request_alone_gpu(kind, monkeypatch):
+    """On CUDA, prompts admitted one at a time beside running rows replay the packed prefill's graphs
+    (captured at warm-up for buckets above PREFILL_GRAPH_MAX_BATCH) and get the tokens they get alone."""
+    target = tiny_model("tiny-llama", **({"vocab_size": 12} if kind == "eagle3" else {})).cuda()
+    shape = {} if kind == "none" else {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
+    opts = EngineOptions(
+        max_seq_len=256, max_batch_size=8, graph_batch_sizes=(8,), device="cuda", dtype="float32", compile=False,
+        **shape,
+    )  # fmt: skip
+    drafter = _drafter(kind, target)
+    eng = Engine(target, WordTokenizer(), opts, drafter.cuda() if drafter is not None else None)
+    eng.warmup()
+    assert eng.packed_graphs is not None and not eng.packed_graphs.refused
+    assert (8, 1, 64) in eng.packed_graphs
+    replays = []
+    real = pp.PackedGraphs.replay
+    monkeypatch.setattr(pp.PackedGraphs, "replay", lambda self, *a: (replays.append(a[0]), real(self, *a))[1])
+    ps = prompts([9, 30, 4, 17, 22, 6, 70, 12], eng.target.cfg.vocab_size, seed=5)
+    n_new = [14, 6, 11, 9, 16, 8, 12, 10]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in n_new]
+    alone = [eng.generate([p], sp)[0].token_ids for p, sp in zip(ps, params, strict=True)]
+    batch = eng.batch
+    reqs = [eng.new_request(p, sp) for p, sp in zip(ps, params, strict=True)]
+    pending = list(reqs)
+    while pending or batch.active:
+        if pending and batch.free_rows:
+            batch.admit([pending.pop(0)])
+        batch.step()
+    assert [r.ids for r in reqs] == alone
+    assert replays  # at least one admission replayed a packed graph
