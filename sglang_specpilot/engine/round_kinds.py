@@ -203,7 +203,7 @@ class SpecPolicy:
             return cands[0][1], None
         self._count_width("chosen")
         self._narrow_rounds = self._narrow_rounds + 1 if w != cands[0][0] else 0
-        key = dict((cw, ck) for cw, ck in cands)[w]
+        key = dict(cands)[w]
         return key, [self.widths.est[r][(depth, w)] for r in rows]
 
     def _captured(self, key, b: int) -> bool:
