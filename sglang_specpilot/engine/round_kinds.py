@@ -94,8 +94,7 @@ def alternate_rounds(engine) -> dict:
 def kind_key(engine, depth: int, b: int):
     """The round kind of ``depth`` at bucket ``b``: None (the engine's own round), d, or (d, w)."""
     key = None if depth == engine.round.shape.depth else depth
-    budget = (engine.round if key is None else engine.kinds[key]).shape.budget
-    narrowed = (depth, width_for(budget, engine.options.shared_budget, b))
+    narrowed = (depth, width_for(width_of(engine, key), engine.options.shared_budget, b))
     return narrowed if narrowed in engine.kinds else key  # only trees under a shared budget have them
 
 
@@ -109,15 +108,11 @@ def kinds_at(engine, b: int) -> list:
     return [k for k in engine.kinds if not isinstance(k, tuple) or k in used]
 
 
-def _depth_budget(engine, depth: int) -> int:
-    return (engine.round if depth == engine.round.shape.depth else engine.kinds[depth]).shape.budget
-
-
 def width_keys(engine, depth: int, b: int) -> list[tuple[int, object]]:
     """(width, kind key) of the tree kinds at ``depth`` that bucket ``b`` may run under ``adaptive_width``:
     the shared budget's width there (``width_for``), then the narrower ones, widest first."""
-    budget = _depth_budget(engine, depth)
     base = None if depth == engine.round.shape.depth else depth
+    budget = width_of(engine, base)
     w0 = width_for(budget, engine.options.shared_budget, b)
     out = []
     for w in [w0, *widths_below(w0)]:
