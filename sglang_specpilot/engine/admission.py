@@ -36,6 +36,7 @@ import torch
 
 from ..models.mixed_forward import Group
 from .attn_meta import causal_tree
+from .packed_prefill import keep_last_features
 from .runner import side_stream_warmup
 from .sampling import next_tokens, nonfinite_rows
 
@@ -144,19 +145,13 @@ def _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row) -> Non
     if feats is None:
         engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True)
         return
-    # ``Engine._prefill_eagle`` for one chunk whose target half already ran (``prefill_inputs``); the
-    # prompt's last feature waits in the round state for the first round, which feeds it with the first
-    # emitted token (n_prev 0).
+    # ``Engine._prefill_eagle`` for one chunk whose target half already ran (``prefill_inputs``).
     F_ = feats.shape[-1]
     feats = torch.where(used[:, None, None], feats, 0)
     full = torch.zeros(b, W, F_, dtype=feats.dtype, device=feats.device).index_add_(0, rows, feats)
     g = engine.draft.prefill_inputs(full)
     engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True, g=g)
-    last = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
-    last_b = torch.zeros(b, F_, dtype=feats.dtype, device=feats.device).index_add_(0, rows, last)
-    riding = lens_b > 0
-    st.feats[:b, 0] = torch.where(riding[:, None], last_b.to(st.feats.dtype), st.feats[:b, 0])
-    st.n_prev[:b] = torch.where(riding, 0, st.n_prev[:b])
+    keep_last_features(st, b, rows, used, feats, last_row)
 
 
 @torch.inference_mode()

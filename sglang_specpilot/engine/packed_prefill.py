@@ -139,20 +139,27 @@ def _core(engine, B: int, ins: PackedRows, W: int) -> torch.Tensor:
     if feats is None:  # a Transformer drafter: packed alike (its logits are not read)
         mixed_forward(engine.draft, [Group(toks, pos, slots, None, rows, logit_rows=last_row)], draft_kv)
         return last
-    # An EAGLE-3 drafter, as ``Engine._prefill_eagle`` for one chunk: its layer's K/V (``prefill_inputs``);
-    # the prompt's last feature waits in the round state for the first round, which feeds it with the first
-    # emitted token (n_prev 0).
-    F_ = feats.shape[-1]
+    # An EAGLE-3 drafter, as ``Engine._prefill_eagle`` for one chunk: its layer's K/V (``prefill_inputs``).
     g = engine.draft.prefill_inputs(feats)
     x2, cos, sin, _ = engine.draft._layer_inputs(toks, pos, g)
     engine.draft.layers[0].write_kv(x2, cos, sin, *draft_kv[0], rows[:, None], slots)
-    lastf = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
-    lastf = torch.where(keep[:, None], lastf, 0).to(st.feats.dtype)
+    keep_last_features(st, B, rows, keep, feats, last_row)
+    return last
+
+
+def keep_last_features(st, B: int, rows, keep, feats, last_row) -> None:
+    """An EAGLE-3 drafter's round state for prompts just prefilled in packed slots (``rows``, ``keep`` [S]):
+    each kept slot's last target feature (``feats`` [S, W, F] at ``last_row`` [S, 1]) waits in its row's
+    ``st.feats[row, 0]`` for the first round, which feeds it with the first emitted token (n_prev 0). Rows
+    0 .. B - 1 of no kept slot keep their state; unused slots name row 0 and add zeros (index_add). Tensor
+    work only (capturable)."""
+    F_, dev = feats.shape[-1], feats.device
+    last = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
+    last = torch.where(keep[:, None], last, 0).to(st.feats.dtype)
     kept = torch.zeros(B, dtype=torch.long, device=dev).index_add_(0, rows, keep.long()) > 0
-    feat_b = torch.zeros(B, F_, dtype=st.feats.dtype, device=dev).index_add_(0, rows, lastf)
+    feat_b = torch.zeros(B, F_, dtype=st.feats.dtype, device=dev).index_add_(0, rows, last)
     st.feats[:B, 0] = torch.where(kept[:, None], feat_b, st.feats[:B, 0])
     st.n_prev[:B] = torch.where(kept, 0, st.n_prev[:B])
-    return last
 
 
 @torch.inference_mode()
