@@ -32,9 +32,9 @@ def spy(monkeypatch):
     calls = []
     real = pp.packed_prefill
 
-    def packed(engine, history, lens, slot0=0):
+    def packed(engine, lens, slot0=0):
         calls.append(list(lens))
-        return real(engine, history, lens, slot0)
+        return real(engine, lens, slot0)
 
     monkeypatch.setattr("sglang_specpilot.engine.engine.packed_prefill", packed)
     return calls
@@ -83,7 +83,7 @@ def test_packed_equals_padded_prefill(kind):
     new = [1, 3]
     eng.prefill_rows(st.history[:5], [7, 0, 12, 0, 9])  # the running rows' own K/V
     before = _cache_rows(eng, [0, 2, 4], 64)
-    packed = pp.packed_prefill(eng, st.history[:5], lens)
+    packed = pp.packed_prefill(eng, lens)
     got = _cache_rows(eng, new, 19)
     feats = (st.feats[new].clone(), st.n_prev[new].clone()) if eng.feature_layers else None
     for a, b in zip(before, _cache_rows(eng, [0, 2, 4], 64), strict=True):
@@ -127,7 +127,7 @@ def test_cost_probe_writes_scratch_only():
     eng.prefill_rows(st.history[:1], [11])
     S = eng.options.max_seq_len
     before = _cache_rows(eng, [0, 1, 2, 3], S) + [st.feats.clone(), st.n_prev.clone()]
-    pp.packed_prefill(eng, st.history[:4], [64, 0, 0, 0], slot0=S)
+    pp.packed_prefill(eng, [64, 0, 0, 0], slot0=S)
     after = _cache_rows(eng, [0, 1, 2, 3], S) + [st.feats.clone(), st.n_prev.clone()]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
@@ -143,7 +143,7 @@ def test_unused_slots_and_a_wider_batch_change_nothing(kind):
     for i, p in enumerate(ps):
         st.history[i, : len(p)] = torch.tensor(p)
     eng.prefill_rows(st.history[:3], [7, 0, 12])  # running rows 0 and 2
-    eager = pp.packed_prefill(eng, st.history[:3], [0, 70, 0])
+    eager = pp.packed_prefill(eng, [0, 70, 0])
     new_kv = _cache_rows(eng, [1], 70)
     state = (st.feats[1].clone(), st.n_prev[1].clone()) if eng.feature_layers else None
     keep = [0, 2, 3, 4, 5, 6, 7]

@@ -61,7 +61,7 @@ def main() -> None:
     run.load()
     eng = run.engine("specpilot_batched")
     b = max(run.concurrency)
-    hist, scratch = eng.state.history, eng.options.max_seq_len
+    scratch = eng.options.max_seq_len
     regions = {"round (default kind)": lambda: eng.captured.replay(b)}
     for key, cap in eng.kinds_captured.items():
         if b in cap:
@@ -71,7 +71,7 @@ def main() -> None:
     for w in (64, 128, 256):
         lens = [w] + [0] * (b - 1)
         if worth_packing(eng, lens):
-            regions[f"packed 1x{w} at {b}"] = lambda lens=lens: packed_prefill(eng, hist[:b], lens, scratch)
+            regions[f"packed 1x{w} at {b}"] = lambda lens=lens: packed_prefill(eng, lens, scratch)
         regions[f"padded {b}x{w}"] = lambda w=w: eng._prefill_probe(b, w)
         regions[f"padded 1x{w}"] = lambda w=w: eng._prefill_probe(1, w)
     out = {}

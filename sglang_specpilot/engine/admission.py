@@ -165,13 +165,13 @@ def measure_costs(engine, ladder: tuple[int, ...]) -> dict[tuple[int, int], tupl
     from .step_curve import measure
 
     costs = {}
-    history, scratch = engine.state.history, engine.options.max_seq_len  # the probe writes scratch slots only
+    scratch = engine.options.max_seq_len  # the probe writes scratch slots only
     for b in ladder:
         for w in rider_widths(engine.options.prompt_admission, engine.target_runner.scratch):
             carry_ms = measure(lambda b=b, w=w: engine.carrying.replay((None, b, w), [], []))
             lens = [w] + [0] * (b - 1)
             if worth_packing(engine, lens):
-                prefill_ms = measure(lambda b=b, lens=lens: packed_prefill(engine, history[:b], lens, scratch), reps=5)
+                prefill_ms = measure(lambda b=b, lens=lens: packed_prefill(engine, lens, scratch), reps=5)
             else:
                 prefill_ms = measure(lambda b=b, w=w: engine._prefill_probe(b, w), reps=5)
             costs[(b, w)] = (carry_ms, prefill_ms)

@@ -561,7 +561,7 @@ class Engine:
         scratch slots, so rows that are mid-generation keep their KV; their logits are meaningless.
         """
         if worth_packing(self, lens):  # admitted beside running rows: prefill the new rows alone
-            return packed_prefill(self, history, lens)
+            return packed_prefill(self, lens)
         if self.feature_layers is not None:
             return self._prefill_eagle(history, lens)
         last = self._prefill(self.target_runner, history, lens)

@@ -163,10 +163,10 @@ def keep_last_features(st, B: int, rows, keep, feats, last_row) -> None:
 
 
 @torch.inference_mode()
-def packed_prefill(engine, history: torch.Tensor, lens: list[int], slot0: int = 0) -> torch.Tensor:
+def packed_prefill(engine, lens: list[int], slot0: int = 0) -> torch.Tensor:
     """``Engine.prefill_rows`` for the rows with ``lens[b] > 0`` alone: last-position logits [B, V] (zeros in
     the other rows, which nothing is written for). ``slot0`` = max_seq_len writes only scratch slots and
-    keeps no row state (the warm-up's cost probe). ``history`` is rows 0 .. B - 1 of the engine's state."""
+    keeps no row state (the warm-up's cost probe). The prompts are in rows 0 .. B - 1 of the engine's state."""
     from .engine import prefill_width
 
     B = len(lens)
