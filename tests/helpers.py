@@ -63,6 +63,19 @@ def engine(target, draft=None, gamma: int = 4, max_batch: int = 8, max_seq: int 
     return Engine(target, WordTokenizer(), opts, draft)
 
 
+def serve_one_at_a_time(eng, ps, params) -> list[list[int]]:
+    """Each prompt's tokens when ``eng``'s batch admits them one at a time as rows free up, stepping between
+    admissions, the order a server admits them in (beside running rows)."""
+    batch = eng.batch
+    reqs = [eng.new_request(p, sp) for p, sp in zip(ps, params, strict=True)]
+    pending = list(reqs)
+    while pending or batch.active:
+        if pending and batch.free_rows:
+            batch.admit([pending.pop(0)])
+        batch.step()
+    return [r.ids for r in reqs]
+
+
 def prompts(lengths, vocab: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]

@@ -5,7 +5,7 @@ is unchanged."""
 
 import pytest
 import torch
-from helpers import WordTokenizer, prompts, tiny_model
+from helpers import WordTokenizer, prompts, serve_one_at_a_time, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
@@ -131,23 +131,12 @@ def test_greedy_output_unchanged_when_widths_change():
     eng.policy.auto_off.curve = curve
     ps = prompts([9, 30, 4, 17, 22, 6], eng.target.cfg.vocab_size, seed=5)
     n_new = [20, 12, 18, 9, 16, 14]
-    want = [
-        ar.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids
-        for p, n in zip(ps, n_new, strict=True)
-    ]
-    batch = eng.batch
-    reqs = [
-        eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(ps, n_new, strict=True)
-    ]
-    pending = list(reqs)
-    while pending or batch.active:
-        if pending and batch.free_rows:
-            batch.admit([pending.pop(0)])
-        batch.step()
-    assert [r.ids for r in reqs] == want
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in n_new]
+    want = [ar.generate([p], sp)[0].token_ids for p, sp in zip(ps, params, strict=True)]
+    assert serve_one_at_a_time(eng, ps, params) == want
     assert eng.policy.width_choices.get("chosen", 0) > 0
     assert set(eng.policy.width_rounds) & {4, 8}  # narrower widths ran
     m = Metrics()
-    m.round(batch)
+    m.round(eng.batch)
     text = m.render()
     assert f'specpilot_adaptive_width_choices_total{{how="chosen"}} {eng.policy.width_choices["chosen"]}' in text

@@ -4,7 +4,7 @@ exactly the tokens they get alone."""
 
 import pytest
 import torch
-from helpers import WordTokenizer, prompts, tiny_model
+from helpers import WordTokenizer, prompts, serve_one_at_a_time, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
@@ -50,15 +50,8 @@ def test_staggered_admissions_pack_and_equal_each_request_alone(kind, spy):
         for p, n in zip(ps, n_new, strict=True)
     ]
     assert not spy  # generate admits every row at once: the padded prefill
-    batch = eng.batch
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in n_new]
-    reqs = [eng.new_request(p, sp) for p, sp in zip(ps, params, strict=True)]
-    pending = list(reqs)
-    while pending or batch.active:
-        if pending and batch.free_rows:
-            batch.admit([pending.pop(0)])  # one at a time, as a server admits them
-        batch.step()
-    assert [r.ids for r in reqs] == alone
+    assert serve_one_at_a_time(eng, ps, params) == alone
     assert spy and all(sum(n > 0 for n in lens) == 1 for lens in spy)
 
 
@@ -214,12 +207,5 @@ def test_captured_packed_prefill_equals_each_request_alone_gpu(kind, monkeypatch
     n_new = [14, 6, 11, 9, 16, 8, 12, 10]
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in n_new]
     alone = [eng.generate([p], sp)[0].token_ids for p, sp in zip(ps, params, strict=True)]
-    batch = eng.batch
-    reqs = [eng.new_request(p, sp) for p, sp in zip(ps, params, strict=True)]
-    pending = list(reqs)
-    while pending or batch.active:
-        if pending and batch.free_rows:
-            batch.admit([pending.pop(0)])
-        batch.step()
-    assert [r.ids for r in reqs] == alone
+    assert serve_one_at_a_time(eng, ps, params) == alone
     assert replays  # at least one admission replayed a packed graph
