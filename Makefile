@@ -41,3 +41,4 @@ lint:
 
 results:
 	$(PY) -m sglang_specpilot.harness.report --readme README.md --tables benchmarks/README.md --results benchmarks/results
+	$(PY) benchmarks/plot_batched.py benchmarks/results/batched_h200.json

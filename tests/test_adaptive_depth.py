@@ -6,7 +6,10 @@ from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
-from sglang_specpilot.engine.adaptive_depth import batch_depth, wanted_depth
+from sglang_specpilot.engine.acceptance import ALPHA
+from sglang_specpilot.engine.adaptive_depth import DepthEstimates, batch_depth, best_depth, wanted_depth
+from sglang_specpilot.engine.step_curve import StepCurve
+from sglang_specpilot.server.metrics import Metrics
 
 DEPTHS = (8, 12, 16)
 SHAPES = {"chain": {"num_speculative_tokens": 16}, "tree": {"tree_budget": 24, "tree_depth": 16, "tree_top_k": 2}}
@@ -42,6 +45,7 @@ def test_low_acceptance_drafts_short_and_output_is_exact(shape):
     assert _ids(eng, ps) == ar == alone
     rounds = eng.policy.depth_rounds
     assert rounds.get(8, 0) > 3 * rounds.get(16, 0)
+    assert set(eng.policy.depth_choices) == {"rule"}  # no step curve: the headroom rule, as before
 
 
 def test_high_acceptance_drafts_deep():
@@ -73,3 +77,88 @@ def test_eagle3_and_auto_off_together_equal_ar():
     eng = Engine(target, WordTokenizer(), both, draft)
     assert _ids(eng, ps) == ar
     assert eng.policy.decisions.get("ar", 0) > 0
+
+
+def test_depth_estimates_are_counterfactual():
+    est = DepthEstimates(2, (3, 4, 6), alpha=1.0)
+    est.observe(0, 3, 6)  # depth 6 accepted 2: every depth would have emitted 3
+    assert est.est[0] == {3: 3.0, 4: 3.0, 6: 3.0}
+    est.observe(0, 6, 6)  # accepted 5: depth 3 would have stopped at 3 accepted
+    assert est.est[0] == {3: 4.0, 4: 5.0, 6: 6.0}
+    est.observe(1, 5, 4)  # a round at depth 4 says nothing about depth 6
+    assert est.est[1] == {3: 4.0, 4: 5.0}
+    assert est.tau([0, 1], 4) == 5.0 and est.tau([0, 1], 6) is None
+    est.forget(0)
+    assert est.tau([0], 3) is None
+    ema = DepthEstimates(1, (3, 6))
+    ema.observe(0, 3, 6)
+    ema.observe(0, 6, 6)
+    assert ema.est[0] == {3: pytest.approx(3 + ALPHA), 6: pytest.approx(3 + 3 * ALPHA)}
+
+
+def test_best_depth_picks_most_tokens_per_ms():
+    cands = [(3, 3), (6, None)]  # (depth, kind key): None is the engine's own round
+    tau = {3: 3.0, 6: 4.0}.get
+    assert best_depth(cands, tau, {3: 5.82, None: 6.56}.get) == 6  # 0.61 tokens/ms against 0.52
+    assert best_depth(cands, tau, {3: 5.82, None: 9.0}.get) == 3  # the deep round costs much more
+    assert best_depth(cands, tau, {3: 5.82}.get) is None  # a kind not measured
+    assert best_depth(cands, {6: 4.0}.get, {3: 5.82, None: 6.56}.get) is None  # a depth not estimated
+
+
+def _curve(b: int, ms: dict) -> StepCurve:
+    c = StepCurve()
+    for kind, v in ms.items():
+        c.add(kind, b, v)
+    return c
+
+
+def test_policy_picks_the_cost_optimal_depth():
+    target = tiny_model("tiny-llama")
+    opts = dict(max_seq_len=320, max_batch_size=4, device="cpu", dtype="float32", num_speculative_tokens=6)
+    opts |= dict(adaptive_depths=(3, 4), auto_off=True, auto_off_curve=((1, 1.0, 1.5),))
+    eng = Engine(target, WordTokenizer(), EngineOptions(**opts), target.truncated(1))
+    pol, b, rows = eng.policy, 2, [0, 1]
+    # Step times as measured on the H200 at batch 1 (2bcb6d1): depth 6 (the engine's round), 4, 3, AR.
+    h200 = {"spec": 6.56, 4: 6.08, 3: 5.82, "ar": 4.22}
+    pol.auto_off.curve = _curve(b, h200)
+    pol.observe(0, 5, None)  # accepted 4 at depth 6: estimates 4 / 5 / 5 at depths 3 / 4 / 6
+    pol.observe(1, 3, None)  # accepted 2: 3 / 3 / 3
+    # Mean tokens 3.5 / 4 / 4: per ms 0.601 at depth 3, 0.658 at 4, 0.610 at 6.
+    assert pol.choose(rows, b) == 4
+    assert pol.depth_choices == {"chosen": 1}
+    pol.observe(0, 5, 4)  # capped at depth 4: depth 6 may accept more, so the batch goes one deeper
+    assert pol.choose(rows, b) is None and pol.depth_choices["capped"] == 1
+    pol.acc.capped[0] = False
+    pol.auto_off.curve = _curve(b, h200 | {"spec": 6.0})  # 0.667 at depth 6
+    assert pol.choose(rows, b) is None
+    pol.auto_off.curve = _curve(b, h200 | {3: 4.0})  # 0.875 at depth 3
+    assert pol.choose(rows, b) == 3
+    assert pol.depth_choices == {"chosen": 3, "capped": 1}
+    pol.auto_off.curve = _curve(b, {k: v for k, v in h200.items() if k != 4})  # depth 4 not measured
+    assert pol.choose(rows, b) is None and pol.depth_choices["rule"] == 1  # the rule: 4 accepted + 2 -> 6
+    pol.auto_off.curve = _curve(b, h200)
+    pol.forget(1)  # a row with no estimates: the rule (which drafts deepest to measure it)
+    assert pol.choose(rows, b) is None and pol.depth_choices["rule"] == 2
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_cost_chosen_depths_keep_output_exact(shape):
+    """With a step curve that measures every depth, the batch runs the depth with the most tokens per ms
+    (here 12, planted cheapest, where the headroom rule would pick 8 for a drafter that accepts little), and
+    greedy output is AR's."""
+    target = tiny_model("tiny-llama")
+    ps = prompts([5, 9, 3], target.cfg.vocab_size, seed=3)
+    ar = _ids(Engine(target, WordTokenizer(), EngineOptions(max_seq_len=320, device="cpu", dtype="float32")), ps)
+    eng = _engine(target, target.truncated(1), shape, adaptive_depths=(8, 12), auto_off=True,
+                  auto_off_curve=((1, 1.0, 1.5),))  # fmt: skip
+    curve = StepCurve()
+    for b in range(1, 5):
+        for kind, ms in {"ar": 3.0, "spec": 3.0, 12: 1.0, 8: 1.5}.items():  # speculation always wins
+            curve.add(kind, b, ms)
+    eng.policy.auto_off.curve = curve
+    assert _ids(eng, ps) == ar
+    rounds, choices = eng.policy.depth_rounds, eng.policy.depth_choices
+    assert rounds.get(12, 0) > 3 * (rounds.get(8, 0) + rounds.get(16, 0)) and choices["chosen"] > 3 * choices["rule"]
+    m = Metrics()
+    m.round(eng.batch)
+    assert f'specpilot_adaptive_depth_choices_total{{how="chosen"}} {choices["chosen"]}' in m.render()

@@ -6,6 +6,7 @@ from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.acceptance import Acceptance
 from sglang_specpilot.engine.auto_off import AR, PROBE, SPEC, UNMEASURED, AutoOff
 from sglang_specpilot.engine.step_curve import StepCurve
 
@@ -43,6 +44,37 @@ def test_decision_rule_and_probes():
     assert [fixed.decide([1.0], 1) for _ in range(8)] == [AR, AR, AR, PROBE] * 2
     assert off.decide([1.0, None], 1) == UNMEASURED  # a row not measured yet: speculate to measure it
     assert AutoOff(None, 4).decide([1.0], 1) == UNMEASURED  # no curve: today's behaviour
+
+
+def test_one_bad_round_does_not_switch_off():
+    """Off decides on the slow EMA (``acceptance.ALPHA_OFF``): one round that accepts nothing after many at
+    3 tokens (S = 1.2) leaves speculation on, though the fast EMA alone would have switched off; a sustained
+    low acceptance still switches it off."""
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, target.truncated(1), auto_off=True, auto_off_curve=CURVE)
+    pol = eng.policy
+    for _ in range(20):
+        pol.observe(0, 3, None)
+    pol.observe(0, 1, None)
+    assert pol.acc.tokens[0] < 2.5 < pol.acc.slow[0]  # the fast EMA would have lost (2.4 tokens)
+    assert pol.choose([0], 1) is None and pol.decisions == {SPEC: 1}
+    for _ in range(6):
+        pol.observe(0, 1, None)
+    assert pol.choose([0], 1) == "ar"
+
+
+def test_off_tau_switches_off_slowly_and_back_on_quickly():
+    """Off needs the slow EMA to lose; back on needs only the fast one to win: after a long off stretch one
+    probe that accepts everything turns speculation back on."""
+    acc, off = Acceptance(1), AutoOff(StepCurve.from_triples(CURVE), probe_every=4)
+    for _ in range(30):
+        acc.observe(0, 1, 8)
+    assert off.decide([acc.off_tau(0)], 1) == AR
+    acc.observe(0, 9, 8)  # the probe: 8 accepted
+    assert acc.slow[0] < 2.5 < acc.tokens[0] and acc.off_tau(0) == acc.tokens[0]
+    assert off.decide([acc.off_tau(0)], 1) == SPEC
+    acc.forget(0)
+    assert acc.off_tau(0) is None and acc.slow[0] is None
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])

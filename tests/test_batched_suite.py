@@ -128,3 +128,24 @@ def test_forcing_rejects_outputs_that_are_not_ars(folders, tmp_path, monkeypatch
     f = next(c for c in doc["cells"] if c["system"] == "stock")["forcing"]
     assert not f["accepted"] and f["mismatches"] > 0 and f["reasons"]
     assert doc["metrics"]["batched_forcing_all_accepted"] == 0
+
+
+def test_plot_draws_measured_cells_only(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_batched.py"
+    spec = importlib.util.spec_from_file_location("plot_batched", path)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    cells = [
+        {"system": s, "concurrency": n, "total_tokens_per_s": v}
+        for s, n, v in [("ar", 1, 100.0), ("ar", 4, 300.0), ("ar", 16, 900.0), ("specpilot_batched", 1, 200.0),
+                        ("specpilot_batched", 4, None), ("specpilot_batched", 16, 1000.0)]
+    ]  # fmt: skip
+    out = plot.svg({"gpu": "G", "model": {"label": "m"}, "cells": cells})
+    assert out.count("<polyline") == 1  # AR's line; the mechanisms' line has a gap at N = 4: two lone points
+    assert out.count("<circle") == 5
+    assert "SpecPilot trees + batched mechanisms" in out
+    with pytest.raises(SystemExit):
+        plot.svg({"cells": []})

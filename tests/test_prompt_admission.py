@@ -119,6 +119,37 @@ def test_measured_costs_keep_a_prompt_out_of_a_slower_round():
     assert got == [ref.generate([p], SamplingParams(max_new_tokens=8, ignore_eos=True))[0].token_ids for p in ps]
 
 
+def test_carry_kind_keeps_the_riders_ttft():
+    from types import SimpleNamespace
+
+    from sglang_specpilot.engine.admission import carry_kind
+
+    eng = SimpleNamespace(carry_ms={(4, 64): {(6, 8): 9.0, "ar": 6.5}}, admission_costs={(4, 64): (6.5, 7.0)})
+    assert carry_kind(eng, 4, 64, (6, 8)) == "ar"  # the speculative round alone outlasts the prefill
+    assert carry_kind(eng, 4, 64, "ar") == "ar"
+    eng.carry_ms[(4, 64)][(6, 8)] = 6.9
+    assert carry_kind(eng, 4, 64, (6, 8)) == (6, 8)  # the policy's kind where it fits
+    eng.carry_ms[(4, 64)] = {(6, 8): 9.0, "ar": 8.0}
+    assert carry_kind(eng, 4, 64, (6, 8)) == (6, 8)  # none fits (the prompt would not have ridden)
+    assert carry_kind(eng, 2, 64, None) is None  # not measured (CPU)
+
+
+def test_riders_ride_the_kind_measured_to_carry_them():
+    # Planted costs: the engine's own round carrying a prompt is slower than its separate prefill, the
+    # keep-up AR round is not, so prompts ride AR rounds; output is each request's alone.
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, target.truncated(1), "tree", prompt_admission=64, auto_off=True)
+    eng.admission_costs = {(b, 64): (0.5, 1.0) for b in (1, 2, 4, 8)}
+    eng.carry_ms = {(b, 64): {None: 5.0, "ar": 0.5} for b in (1, 2, 4, 8)}
+    kinds, run = [], eng.run_carrying
+    eng.run_carrying = lambda b, bs, ml, kind, rows, lens: kinds.append(kind) or run(b, bs, ml, kind, rows, lens)
+    ps = prompts([5, 9, 12], target.cfg.vocab_size, seed=7)
+    got, _, _ = _serve(eng, [[ps[0]], [ps[1]], [ps[2]]], 8)
+    assert eng.batch.admissions == {IDLE: 1, RIDE: 2} and kinds == ["ar", "ar"]
+    ref = _engine(target, target.truncated(1), "tree")
+    assert got == [ref.generate([p], SamplingParams(max_new_tokens=8, ignore_eos=True))[0].token_ids for p in ps]
+
+
 def test_mixed_forward_equals_separate_forwards():
     torch.manual_seed(0)
     model: Transformer = tiny_model("tiny-llama")

@@ -88,3 +88,18 @@ def test_captured_batched_mechanisms_equal_ar_gpu(adaptive_width):
     assert eng.policy.shared_rounds > 0
     assert eng.policy.width_rounds.get(4, 0) > 0  # 12 nodes: 4 a row from 2 rows up, captured narrowed kinds
     assert all(b in eng.kinds_captured[k] for b in (2, 4, 8) for k in eng.kinds_captured if k in kinds_at(eng, b))
+
+
+def test_kinds_at_lists_only_what_a_bucket_runs():
+    # Under a shared budget of 16 nodes a tree of 8 runs whole at 2 rows and narrowed (4 nodes) at 4, so
+    # the 4-row bucket captures the narrowed kind, not the whole one (which 64 rows of an 8B could not hold).
+    target = tiny_model("tiny-llama")
+    opts = EngineOptions(
+        max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", tree_budget=8, tree_depth=4,
+        tree_top_k=2, shared_budget=16, auto_off=True, adaptive_depths=(2,),
+    )  # fmt: skip
+    eng = Engine(target, WordTokenizer(), opts, target.truncated(2))
+    assert kinds_at(eng, 2) == [None, "ar", 2]
+    assert kinds_at(eng, 4) == ["ar", (4, 4), (2, 4)]
+    for b in (2, 4):  # and the policy only ever picks a listed kind
+        assert eng.policy.choose(list(range(b)), b) in kinds_at(eng, b)

@@ -62,7 +62,7 @@ def main() -> None:
     eng = run.engine("specpilot_batched")
     b = max(run.concurrency)
     scratch = eng.options.max_seq_len
-    regions = {"round (default kind)": lambda: eng.captured.replay(b)}
+    regions = {"round (default kind)": lambda: eng.captured.replay(b)} if b in eng.captured else {}
     for key, cap in eng.kinds_captured.items():
         if b in cap:
             regions[f"round {key}"] = lambda cap=cap: cap.replay(b)

@@ -11,10 +11,14 @@ TTFT.  Only prompts that fit in one pass ride (at most A prompt tokens and ``RID
 round, A at most one prefill chunk), so a riding prompt's first token comes out of the very round that
 carries it: the round its separate prefill would have waited for. Other prompts take the separate prefill
 at once rather than wait for a later round. Where it was measured (CUDA warm-up, ``measure_costs``), a
-prompt rides only if the carrying round of its bucket and width took no longer than the separate prefill
-of that shape, so its first token comes no later than without admission. The separate prefill is packed
-where the engine packs it (``packed_prefill``: the prompt's row alone), else it pads every row up to the
-highest one in use.
+prompt rides only if a carrying round of its bucket and width took no longer than the separate prefill
+of that shape, so its first token comes no later than without admission. Two rounds may carry
+(``carry_kinds``): the one the policy runs at the bucket, and the keep-up AR round where automatic off
+has one. On the H200 (lifted 8B, bucket 16, 2bcb6d1) a 64-token prompt's separate prefill took 7.0 ms,
+less than the speculative round alone (7.9 ms), so no speculative round can carry it within that bound;
+the AR round (4.9 ms alone) may, and then the running rows get a token in the time the prefill alone
+would have taken. The separate prefill is packed where the engine packs it (``packed_prefill``: the
+prompt's row alone), else it pads every row up to the highest one in use.
 
 Starvation.  A rider never replaces a round: every step still runs one round for every running row, and
 A bounds what a round carries besides its own work. A parked prompt rides the next round.
@@ -22,8 +26,8 @@ A bounds what a round carries besides its own work. A parked prompt rides the ne
 Layout.  The riders are packed (``RIDER_SLOTS`` rows of ``width`` tokens, unused slots write scratch slots
 of row 0), so a round carries only their tokens; a riding row sits parked at ``max_seq_len`` (in_use
 False) in the round's own group, so neither group touches the other's slots. The drafter's prefill of the
-new rows follows in the same step over rows 0 .. b - 1 (rows not riding write scratch slots, as the
-separate prefill does); an EAGLE-3 drafter reads the target features the rider returns. ``carry`` is
+new rows follows in the same step, packed as the separate prefill packs it (``packed_prefill.draft_prefill``:
+the riders' rows alone); an EAGLE-3 drafter reads the target features the rider returns. ``carry`` is
 tensor work with shapes fixed by (bucket, width): on CUDA each (round kind, bucket, width) is captured as
 a CUDA graph (``CarryingGraphs``), since an eager tree round costs many times its graph replay.
 """
@@ -35,8 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.mixed_forward import Group
-from .attn_meta import causal_tree
-from .packed_prefill import keep_last_features
+from .packed_prefill import draft_prefill
 from .runner import side_stream_warmup
 from .sampling import next_tokens, nonfinite_rows
 
@@ -126,7 +129,7 @@ def carry(engine, rnd, st, b: int, bs, riders: Riders, max_len: int | None) -> t
     riding = lens_b > 0
     logits = torch.where(used[:, None], logits[:, 0], 0)  # where, not a product: 0 * inf would be NaN
     last = torch.zeros(b, logits.shape[-1], dtype=logits.dtype, device=dev).index_add_(0, rows, logits)
-    _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row)
+    draft_prefill(engine, b, group, used, feats)  # packed: the riders' rows alone
     first = next_tokens(last, bs)
     bad = nonfinite_rows(last) & riding
     st.next_tok[:b] = torch.where(riding, first, st.next_tok[:b])
@@ -135,47 +138,55 @@ def carry(engine, rnd, st, b: int, bs, riders: Riders, max_len: int | None) -> t
     return torch.stack([first, bad.long()], 1)
 
 
-def _draft_prefill(engine, st, b, W, lens_b, rows, used, feats, last_row) -> None:
-    if engine.draft_runner is None:
-        return
-    seq = torch.where(lens_b > 0, 0, engine.options.max_seq_len)
-    anc, depth = causal_tree(W, engine.device)
-    toks = st.history[:b, :W]
-    one = torch.zeros(b, 1, dtype=torch.long, device=engine.device)  # logits the drafter's prefill discards
-    if feats is None:
-        engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True)
-        return
-    # ``Engine._prefill_eagle`` for one chunk whose target half already ran (``prefill_inputs``).
-    F_ = feats.shape[-1]
-    feats = torch.where(used[:, None, None], feats, 0)
-    full = torch.zeros(b, W, F_, dtype=feats.dtype, device=feats.device).index_add_(0, rows, feats)
-    g = engine.draft.prefill_inputs(full)
-    engine.draft_runner.step(toks, seq, anc, depth, max_len_hint=0, logit_rows=one, eager=True, g=g)
-    keep_last_features(st, b, rows, used, feats, last_row)
+def carry_kinds(engine, b: int) -> list:
+    """The round kinds that may carry prompts at bucket ``b``, captured and timed at warm-up: the kind the
+    policy's full depth runs there (``round_kinds.kind_key``; None: the engine's own round), then the
+    keep-up AR round where automatic off has one."""
+    from .round_kinds import kind_key
+
+    main = kind_key(engine, engine.round.shape.depth, b) if engine.kinds else None
+    return [main] + (["ar"] if "ar" in engine.kinds and main != "ar" else [])
+
+
+def carry_kind(engine, b: int, width: int, preferred):
+    """The kind the round carrying prompts of ``width`` at bucket ``b`` runs: ``preferred`` (the policy's
+    choice) where its carrying round was measured no slower than the separate prefill, else the fastest
+    measured one that is (``measure_costs``), else ``preferred``."""
+    ms, cost = engine.carry_ms.get((b, width)), engine.admission_costs.get((b, width))
+    if not ms or cost is None or (preferred in ms and ms[preferred] <= cost[1]):
+        return preferred
+    fastest = min(ms, key=ms.get)
+    return fastest if ms[fastest] <= cost[1] else preferred
 
 
 @torch.inference_mode()
-def measure_costs(engine, ladder: tuple[int, ...]) -> dict[tuple[int, int], tuple[float, float]]:
-    """(bucket, width) -> (carrying round ms, separate prefill ms) on CUDA, at warm-up with no row in use
-    (every write lands in scratch slots): the captured carrying round of the engine's own round, and the
-    separate prefill one prompt of ``width`` tokens would take instead at that bucket: packed, the prompt's
-    row alone (``packed_prefill``), where the engine packs it; else the padded prefill of ``bucket`` rows
-    (``Engine._prefill``: every row up to the highest in use; graphs where captured)."""
+def measure_costs(engine, ladder: tuple[int, ...]) -> tuple[dict, dict]:
+    """On CUDA, at warm-up with no row in use (every write lands in scratch slots): per (bucket, width),
+    the separate prefill one prompt of ``width`` tokens would take at that bucket (packed, the prompt's row
+    alone, where the engine packs it; else the padded prefill of ``bucket`` rows, graphs where captured)
+    and each ``carry_kinds`` round carrying it (its captured graph). Returns (``admission_costs``: (bucket,
+    width) -> (the carrying ms of the kind that keeps the TTFT, or the fastest; the prefill ms), and
+    ``carry_ms``: (bucket, width) -> {kind: carrying ms})."""
     from .packed_prefill import packed_prefill, worth_packing
     from .step_curve import measure
 
-    costs = {}
+    costs, by_kind = {}, {}
     scratch = engine.options.max_seq_len  # the probe writes scratch slots only
     for b in ladder:
         for w in rider_widths(engine.options.prompt_admission, engine.target_runner.scratch):
-            carry_ms = measure(lambda b=b, w=w: engine.carrying.replay((None, b, w), [], []))
             lens = [w] + [0] * (b - 1)
             if worth_packing(engine, lens):
                 prefill_ms = measure(lambda b=b, lens=lens: packed_prefill(engine, lens, scratch), reps=5)
             else:
                 prefill_ms = measure(lambda b=b, w=w: engine._prefill_probe(b, w), reps=5)
-            costs[(b, w)] = (carry_ms, prefill_ms)
-    return costs
+            ms = {
+                k: measure(lambda k=k, b=b, w=w: engine.carrying.replay((k, b, w), [], []))
+                for k in carry_kinds(engine, b)
+            }
+            by_kind[(b, w)] = ms
+            fits = [k for k in ms if ms[k] <= prefill_ms]
+            costs[(b, w)] = (ms[fits[0]] if fits else min(ms.values()), prefill_ms)
+    return costs, by_kind
 
 
 class CarryingGraphs:

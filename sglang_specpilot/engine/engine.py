@@ -190,6 +190,7 @@ class Engine:
         # Prompt admission's carrying rounds, captured per (kind, bucket, width) where rounds are captured.
         self.carrying = None
         self.admission_costs: dict[tuple[int, int], tuple[float, float]] = {}  # measured at warm-up (CUDA)
+        self.carry_ms: dict[tuple[int, int], dict] = {}  # (bucket, width) -> {carrying kind: ms}, the same
         if options.prompt_admission and self.captured is not None:
             from .admission import CarryingGraphs
 
@@ -275,14 +276,13 @@ class Engine:
                 f"{time.perf_counter() - t0:.1f} s so far)"
             )
             bs = BatchSampling.from_params([SamplingParams()] * b, self.device)
-            self.captured.capture(b, bs)
-            here = [self.kinds_captured[k] for k in self._captured_kinds_at(b)]
+            here = [self._capture_of(k) for k in self._captured_kinds_at(b)]
             for cap in here:
                 cap.capture(b, bs)
             if self.options.capture_sampling:  # sampled rounds without top-k/top-p (those: on first use)
                 params = [SamplingParams(temperature=1.0)] * b
                 sampled = BatchSampling.from_params(params, self.device, self.batch.generator)
-                for cap in (self.captured, *here):
+                for cap in here:
                     self._sampled_graph(cap, b, sampled)
             if self.carrying is not None:
                 self._warm_carrying(b, bs)
@@ -293,7 +293,7 @@ class Engine:
             from .admission import measure_costs
 
             say("warm-up: timing carrying rounds against separate prefills (prompt admission)")
-            self.admission_costs = measure_costs(self, ladder)
+            self.admission_costs, self.carry_ms = measure_costs(self, ladder)
         if self.policy is not None and self.policy.auto_off is not None and self.policy.auto_off.curve is None:
             say("warm-up: timing the AR and speculative rounds per batch bucket (automatic off's step curve)")
             self.policy.auto_off.curve = self._measure_curve(ladder)
@@ -303,24 +303,29 @@ class Engine:
         return self.warmup_s
 
     def _warm_carrying(self, b: int, bs: BatchSampling) -> None:
-        # Every (kind, width) a carrying round of bucket b may take: a capture at serving time would cost
-        # the first riders of each shape their TTFT.
-        from .admission import rider_widths
+        # Every (kind, width) a carrying round of bucket b may take (``admission.carry_kinds``): a capture at
+        # serving time would cost the first riders of each shape their TTFT.
+        from .admission import carry_kinds, rider_widths
 
         for w in rider_widths(self.options.prompt_admission, self.target_runner.scratch):
-            for kind in (None, *self._captured_kinds_at(b)):
+            for kind in carry_kinds(self, b):
                 self.carrying.capture((kind, b, w), self.round if kind is None else self.kinds[kind], bs)
 
     def _captured_kinds_at(self, b: int) -> list:
-        """The captured round kinds a batch of bucket ``b`` may run (``round_kinds.kinds_at``)."""
-        return [k for k in kinds_at(self, b) if k in self.kinds_captured]
+        """The captured round kinds a batch of bucket ``b`` may run (``round_kinds.kinds_at``; None: the
+        engine's own round)."""
+        return [k for k in kinds_at(self, b) if k is None or k in self.kinds_captured]
+
+    def _capture_of(self, kind) -> CapturedRound:
+        return self.captured if kind is None else self.kinds_captured[kind]
 
     @torch.inference_mode()
     def _measure_curve(self, ladder: tuple[int, ...]) -> StepCurve:
         """Replay each captured kind per bucket (no row in use: replays advance nothing) -> the step curve."""
         curve = StepCurve()
         for b in ladder:
-            curve.add("spec", b, measure(lambda b=b: self.captured.replay(b)))
+            if b in self.captured:  # not where a shared budget narrows it (``kinds_at``)
+                curve.add("spec", b, measure(lambda b=b: self.captured.replay(b)))
             for key, cap in self.kinds_captured.items():
                 if b in cap:  # narrowed kinds: only at the buckets that run them
                     curve.add(key, b, measure(lambda b=b, cap=cap: cap.replay(b)))

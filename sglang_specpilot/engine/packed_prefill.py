@@ -133,18 +133,28 @@ def _core(engine, B: int, ins: PackedRows, W: int) -> torch.Tensor:
     # clobber a new row 0's logits; where, not a product: 0 * inf would be NaN.
     logits = torch.where(used[:, None], logits[:, 0], 0)
     last = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=dev).index_add_(0, rows, logits)
+    draft_prefill(engine, B, group, keep, feats)
+    return last
+
+
+def draft_prefill(engine, B: int, group: Group, keep: torch.Tensor, feats: torch.Tensor | None) -> None:
+    """The drafter's half of a packed prefill whose target half already ran (``group``: the prompts' packed
+    rows, [S, W]; ``feats``: the target's features where the drafter is EAGLE-3), written into the same rows
+    and slots; ``keep`` [S]: the slots whose rows keep state. Shared by this prefill and the carrying round
+    (``admission.carry``), whose drafter prefill ran padded over every row of the bucket before: 16 x 64
+    tokens through the drafter's eager step for one 64-token prompt at bucket 16. Tensor work only."""
     if engine.draft_runner is None:
-        return last
+        return
+    toks, pos, slots, rows = group.tokens, group.positions, group.slots, group.rows
     draft_kv = engine.draft_runner.kv.layers
     if feats is None:  # a Transformer drafter: packed alike (its logits are not read)
-        mixed_forward(engine.draft, [Group(toks, pos, slots, None, rows, logit_rows=last_row)], draft_kv)
-        return last
+        mixed_forward(engine.draft, [Group(toks, pos, slots, None, rows, logit_rows=group.logit_rows)], draft_kv)
+        return
     # An EAGLE-3 drafter, as ``Engine._prefill_eagle`` for one chunk: its layer's K/V (``prefill_inputs``).
     g = engine.draft.prefill_inputs(feats)
     x2, cos, sin, _ = engine.draft._layer_inputs(toks, pos, g)
     engine.draft.layers[0].write_kv(x2, cos, sin, *draft_kv[0], rows[:, None], slots)
-    keep_last_features(st, B, rows, keep, feats, last_row)
-    return last
+    keep_last_features(engine.state, B, rows, keep, feats, group.logit_rows)
 
 
 def keep_last_features(st, B: int, rows, keep, feats, last_row) -> None:

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from ..config import EngineOptions, tree_candidates
 from .acceptance import Acceptance
-from .adaptive_depth import batch_depth
+from .adaptive_depth import DepthEstimates, batch_depth, best_depth, next_depth
 from .adaptive_width import WidthEstimates, best_width
 from .auto_off import AR, PROBE, AutoOff
 from .keepup_round import KeepUpARRound
@@ -99,13 +99,16 @@ def kind_key(engine, depth: int, b: int):
 
 
 def kinds_at(engine, b: int) -> list:
-    """The kinds a batch of bucket ``b`` may run: what warm-up captures there (every kind but the narrowed
-    ones, which only their buckets use; with ``adaptive_width``, every width below a bucket's too)."""
+    """The kinds a batch of bucket ``b`` may run, None (the engine's own round) among them: what warm-up
+    captures there. A tree kind too wide for the bucket under a shared budget runs narrowed there
+    (``kind_key``), so only its narrowed kind is listed: capturing the unnarrowed ones as well ran the H200
+    out of memory at 64 rows (lifted 8B, 2bcb6d1: 80 GB of graph pools for rounds no batch of 64 runs).
+    The keep-up AR round is listed at every bucket; with ``adaptive_width``, every width below a bucket's."""
     depths = {engine.round.shape.depth} | {k for k in engine.kinds if isinstance(k, int)}
     used = {kind_key(engine, d, b) for d in depths}
     if engine.options.adaptive_width:
         used |= {key for d in depths for _, key in width_keys(engine, d, b)}
-    return [k for k in engine.kinds if not isinstance(k, tuple) or k in used]
+    return [k for k in (None, *engine.kinds) if k in used or k == "ar"]
 
 
 def width_keys(engine, depth: int, b: int) -> list[tuple[int, object]]:
@@ -140,6 +143,11 @@ class SpecPolicy:
         self.depths = tuple(sorted({d for d in opts.adaptive_depths if d < self.main_depth} | {self.main_depth}))
         self.adaptive = len(self.depths) > 1
         self.acc = Acceptance(opts.max_batch_size)
+        # Adaptive depth: counterfactual tokens per round by depth, and how each round's depth was chosen
+        # (chosen: the most estimated tokens per ms; capped: lifted above that for a capped row; rule: the
+        # step curve or an estimate was missing, ``batch_depth``'s headroom rule).
+        self.depth_est = DepthEstimates(opts.max_batch_size, self.depths) if self.adaptive else None
+        self.depth_choices: dict[str, int] = {}
         self.auto_off = AutoOff(curve, opts.auto_off_probe_every) if opts.auto_off else None
         self.decisions: dict[str, int] = {}  # automatic off: spec / ar / probe / unmeasured
         self.depth_rounds: dict[int, int] = {}  # adaptive length: rounds run at each depth
@@ -160,9 +168,9 @@ class SpecPolicy:
     def choose(self, rows: list[int], b: int):
         depth = self.main_depth
         if self.adaptive:
-            depth = batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
+            depth = self._choose_depth(rows, b)
         key = kind_key(self.engine, depth, b)
-        taus = [self.acc.tokens[r] for r in rows]
+        taus = [self.acc.off_tau(r) for r in rows]
         if self.widths is not None:
             key, width_taus = self._choose_width(rows, depth, b, key)
             taus = width_taus or taus
@@ -181,6 +189,21 @@ class SpecPolicy:
         self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
         self.shared_rounds += self.shared
         return key
+
+    def _choose_depth(self, rows: list[int], b: int) -> int:
+        """The draft depth with the most estimated tokens per ms at bucket ``b`` (``best_depth``), at least the
+        depth above the last one where a row was capped; ``batch_depth``'s rule where any is unmeasured."""
+        cands = [(d, kind_key(self.engine, d, b)) for d in self.depths]
+        depth = best_depth(cands, lambda d: self.depth_est.tau(rows, d), lambda k: self._ms(k, b))
+        if depth is None:
+            self._count(self.depth_choices, "rule")
+            return batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
+        if self._depth is not None and any(self.acc.capped[r] for r in rows):
+            lifted = max(depth, next_depth(self.depths, self._depth))
+            self._count(self.depth_choices, "capped" if lifted != depth else "chosen")
+            return lifted
+        self._count(self.depth_choices, "chosen")
+        return depth
 
     def _choose_width(self, rows: list[int], depth: int, b: int, default):
         """(kind key, its rows' estimated tokens or None) for the round at ``depth``: the width with the most
@@ -205,9 +228,7 @@ class SpecPolicy:
         eng = self.engine
         if eng.captured is None:  # no graphs (CPU): every kind runs eagerly
             return key is None or key in eng.kinds
-        if key is None:
-            return True
-        cap = eng.kinds_captured.get(key)
+        cap = eng.captured if key is None else eng.kinds_captured.get(key)
         return cap is not None and b in cap
 
     def _ms(self, key, b: int) -> float | None:
@@ -219,7 +240,11 @@ class SpecPolicy:
         return curve.ms(name, b)
 
     def _count_width(self, what: str) -> None:
-        self.width_choices[what] = self.width_choices.get(what, 0) + 1
+        self._count(self.width_choices, what)
+
+    @staticmethod
+    def _count(counts: dict[str, int], what: str) -> None:
+        counts[what] = counts.get(what, 0) + 1
 
     def depth_of(self, key) -> int:
         if isinstance(key, tuple):  # a narrowed round: its width may cap its depth
@@ -233,6 +258,8 @@ class SpecPolicy:
         if not d:  # AR rounds say nothing about the drafter
             return
         self.acc.observe(row, tokens, d)
+        if self.depth_est is not None:
+            self.depth_est.observe(row, tokens, d)
         if self.widths is not None and out_row is not None:
             # Estimates are keyed by the depth the policy chose (a narrowed kind's own may be capped by its
             # width); the ranks are its accepted path's, d entries.
@@ -243,5 +270,7 @@ class SpecPolicy:
 
     def forget(self, row: int) -> None:
         self.acc.forget(row)
+        if self.depth_est is not None:
+            self.depth_est.forget(row)
         if self.widths is not None:
             self.widths.forget(row)

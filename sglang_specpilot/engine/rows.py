@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path, rider_width
+from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path, carry_kind, rider_width
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
 
@@ -302,6 +302,9 @@ class RowBatch:
         if self.policy is not None:
             running = [i for i, r in enumerate(self.rows[:b]) if r is not None and i not in riding]
             kind = self.policy.choose(running, b)
+        if riders:  # the kind measured to carry them within their separate prefill's time
+            width = rider_width(max(len(r.prompt) for r in riders), eng.target_runner.scratch)
+            kind = carry_kind(eng, b, width, kind)
         admitted = self._run_with_riders(riders, b, bs, max_len, kind) if riders else None
         if admitted is None:
             riders, riding = [], set()

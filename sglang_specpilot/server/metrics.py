@@ -71,6 +71,7 @@ class Metrics:
         self.shared_budget_rounds = 0
         self.width_rounds: dict[int, int] = {}
         self.width_choices: dict[str, int] = {}
+        self.depth_choices: dict[str, int] = {}
         self.adaptive_depth = False
         self.admissions: dict[str, int] | None = None  # prompt admission's decisions (None: off)
         self.colocate: tuple[dict[str, int], bool] | None = None  # co-location: rounds by strategy, latest's
@@ -109,6 +110,7 @@ class Metrics:
                 self.shared_budget_rounds, self.adaptive_depth = policy.shared_rounds, policy.adaptive
                 self.width_rounds = dict(policy.width_rounds)
                 self.width_choices = dict(getattr(policy, "width_choices", {}))
+                self.depth_choices = dict(getattr(policy, "depth_choices", {}))
                 if policy.auto_off is not None:
                     self.predicted_speedup = policy.auto_off.last_speedup
 
@@ -167,6 +169,15 @@ class Metrics:
                 "counter",
                 "Adaptive draft length: speculative rounds by the draft depth the batch ran.",
                 [({"depth": str(k)}, v) for k, v in sorted(self.depth_rounds.items())],
+            ))  # fmt: skip
+        if self.depth_choices:
+            rows.append((
+                "adaptive_depth_choices_total",
+                "counter",
+                "Adaptive draft length: rounds by how their depth was chosen (chosen: the most estimated tokens "
+                "per ms; capped: one deeper, a row accepted every drafted token; rule: the headroom rule, the "
+                "step curve or an estimate was missing).",
+                [({"how": k}, v) for k, v in sorted(self.depth_choices.items())],
             ))  # fmt: skip
         if self.shared_budget_rounds:
             rows.append((

@@ -220,6 +220,9 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
                 "step_curve_ms": curve.as_dict() if curve is not None else None,
                 # (bucket, width) -> (carrying round ms, separate prefill ms): where prompts may ride
                 "admission_costs_ms": {f"{b}x{w}": c for (b, w), c in getattr(eng, "admission_costs", {}).items()},
+                "carry_ms_by_kind": {
+                    f"{b}x{w}": {str(k): v for k, v in m.items()} for (b, w), m in getattr(eng, "carry_ms", {}).items()
+                },
             })  # fmt: skip
             self.engines[system] = eng
         return self.engines[system]
@@ -346,6 +349,7 @@ def _decisions(eng) -> dict:
             "shared_rounds": p.shared_rounds,
             "widths": dict(p.width_rounds),
             "width_choices": dict(p.width_choices),
+            "depth_choices": dict(p.depth_choices),
         }
     return out
 
