@@ -23,13 +23,14 @@ prompt's row alone), else it pads every row up to the highest one in use.
 Starvation.  A rider never replaces a round: every step still runs one round for every running row, and
 A bounds what a round carries besides its own work. A parked prompt rides the next round.
 
-Layout.  The riders are packed (``RIDER_SLOTS`` rows of ``width`` tokens, unused slots write scratch slots
-of row 0), so a round carries only their tokens; a riding row sits parked at ``max_seq_len`` (in_use
-False) in the round's own group, so neither group touches the other's slots. The drafter's prefill of the
-new rows follows in the same step, packed as the separate prefill packs it (``packed_prefill.draft_prefill``:
-the riders' rows alone); an EAGLE-3 drafter reads the target features the rider returns. ``carry`` is
-tensor work with shapes fixed by (bucket, width): on CUDA each (round kind, bucket, width) is captured as
-a CUDA graph (``CarryingGraphs``), since an eager tree round costs many times its graph replay.
+Layout. The riders are packed (one row of ``width`` tokens each, ``RIDER_SHAPES``; unused slots write
+scratch slots of row 0), so a round carries only their tokens; a riding row sits parked at ``max_seq_len``
+(in_use False) in the round's own group, so neither group touches the other's slots. The drafter's prefill
+of the new rows follows in the same step, packed as the separate prefill packs it
+(``packed_prefill.draft_prefill``: the riders' rows alone); an EAGLE-3 drafter reads the target features the
+rider returns. ``carry`` is tensor work with shapes fixed by (bucket, width, riders): on CUDA each (round
+kind, bucket, width, riders) is captured as a CUDA graph (``CarryingGraphs``), since an eager tree round
+costs many times its graph replay.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ from .sampling import next_tokens, nonfinite_rows
 # running, the prompt is longer than the allowance, the round's allowance or slots were taken by earlier
 # prompts, the carrying round was measured slower than the separate prefill, or the carrying round failed.
 RIDE, IDLE, LONG, FULL, SLOWER, FALLBACK = "verify", "idle", "long", "full", "slower", "fallback"
-RIDER_SLOTS = 2  # prompts one round carries at most: the captured shapes carry this many packed rows
+RIDER_SLOTS = 2  # prompts one round carries at most
+# Packed rider rows a carrying round's shape holds: one per rider, so a lone rider (most admissions) carries
+# no second slot of the width's tokens: at bucket 16 the verify block is 16 to 144 rows, and a second
+# 256-token slot doubled what the prompts added to GEMMs already past the H200's ridge (~200 rows).
+RIDER_SHAPES = (1, 2)
 
 
 def admission_path(
@@ -80,20 +85,20 @@ def rider_widths(allowance: int, cap: int) -> list[int]:
 
 @dataclass
 class Riders:
-    """Static inputs of a carrying step: ``rows`` [RIDER_SLOTS] the riders' rows (unused: 0), ``lens``
-    [RIDER_SLOTS] their prompt lengths (unused: 0), and the padded ``width``."""
+    """Static inputs of a carrying step: ``rows`` [S] the riders' rows (unused: 0), ``lens`` [S] their prompt
+    lengths (unused: 0), and the padded ``width``; S one of ``RIDER_SHAPES``."""
 
     rows: torch.Tensor
     lens: torch.Tensor
     width: int
 
     @classmethod
-    def empty(cls, width: int, device) -> Riders:
-        z = torch.zeros(RIDER_SLOTS, dtype=torch.long, device=device)
+    def empty(cls, width: int, device, slots: int = RIDER_SLOTS) -> Riders:
+        z = torch.zeros(slots, dtype=torch.long, device=device)
         return cls(z, z.clone(), width)
 
     def fill(self, rows: list[int], lens: list[int]) -> None:
-        pad = RIDER_SLOTS - len(rows)
+        pad = self.rows.shape[0] - len(rows)
         self.rows.copy_(torch.tensor(rows + [0] * pad))
         self.lens.copy_(torch.tensor(lens + [0] * pad))
 
@@ -112,7 +117,7 @@ def carry(engine, rnd, st, b: int, bs, riders: Riders, max_len: int | None) -> t
     rows, lens, used = riders.rows, riders.lens, riders.lens > 0
     seq = torch.where(used, 0, max_seq)  # unused slots write past max_seq: scratch
     slots = seq[:, None] + torch.arange(W, device=dev)
-    pos = torch.arange(W, device=dev).expand(RIDER_SLOTS, W)
+    pos = torch.arange(W, device=dev).expand(rows.shape[0], W)
     last_row = (lens - 1).clamp(min=0)[:, None]
     group = Group(
         st.history[rows, :W], pos, slots, None, rows, logit_rows=last_row, feature_layers=engine.feature_layers
@@ -179,8 +184,8 @@ def measure_costs(engine, ladder: tuple[int, ...]) -> tuple[dict, dict]:
                 prefill_ms = measure(lambda b=b, lens=lens: packed_prefill(engine, lens, scratch), reps=5)
             else:
                 prefill_ms = measure(lambda b=b, w=w: engine._prefill_probe(b, w), reps=5)
-            ms = {
-                k: measure(lambda k=k, b=b, w=w: engine.carrying.replay((k, b, w), [], []))
+            ms = {  # one rider: most admissions bring one prompt, and the separate prefill timed is of one
+                k: measure(lambda k=k, b=b, w=w: engine.carrying.replay((k, b, w, 1), [], []))
                 for k in carry_kinds(engine, b)
             }
             by_kind[(b, w)] = ms
@@ -190,10 +195,10 @@ def measure_costs(engine, ladder: tuple[int, ...]) -> tuple[dict, dict]:
 
 
 class CarryingGraphs:
-    """``carry`` captured per (round kind, bucket, width) on CUDA (greedy rounds), as ``CapturedRound`` does
-    for plain rounds: the warm-up runs park the bucket's rows past ``max_seq`` with no riders, so nothing
-    lands in any request's slots, and the rows' state is restored afterwards. One memory pool for all:
-    they are replayed one at a time."""
+    """``carry`` captured per (round kind, bucket, width, rider slots) on CUDA (greedy rounds), as ``CapturedRound``
+    does for plain rounds: the warm-up runs park the bucket's rows past ``max_seq`` with no riders, so nothing
+    lands in any request's slots, and the rows' state is restored afterwards. One memory pool for all: they are
+    replayed one at a time."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -208,8 +213,8 @@ class CarryingGraphs:
         if key in self._graphs:
             return
         eng, st = self.engine, self.engine.state
-        _, b, width = key
-        riders = Riders.empty(width, eng.device)
+        _, b, width, slots = key
+        riders = Riders.empty(width, eng.device, slots)
         saved = [t[:b].clone() for t in st.row_tensors()]
         st.seq_len[:b] = eng.options.max_seq_len
         st.in_use[:b] = False

@@ -305,11 +305,12 @@ class Engine:
     def _warm_carrying(self, b: int, bs: BatchSampling) -> None:
         # Every (kind, width) a carrying round of bucket b may take (``admission.carry_kinds``): a capture at
         # serving time would cost the first riders of each shape their TTFT.
-        from .admission import carry_kinds, rider_widths
+        from .admission import RIDER_SHAPES, carry_kinds, rider_widths
 
         for w in rider_widths(self.options.prompt_admission, self.target_runner.scratch):
             for kind in carry_kinds(self, b):
-                self.carrying.capture((kind, b, w), self.round if kind is None else self.kinds[kind], bs)
+                for s in RIDER_SHAPES:
+                    self.carrying.capture((kind, b, w, s), self.round if kind is None else self.kinds[kind], bs)
 
     def _captured_kinds_at(self, b: int) -> list:
         """The captured round kinds a batch of bucket ``b`` may run (``round_kinds.kinds_at``; None: the
@@ -424,11 +425,11 @@ class Engine:
         width = rider_width(max(lens), self.target_runner.scratch)
         rnd = self.round if kind is None else self.kinds[kind]
         if self.carrying is not None and bs.all_greedy and rnd.capturable:
-            key = (kind, b, width)
+            key = (kind, b, width, len(rows))
             if key not in self.carrying:
                 self.carrying.capture(key, rnd, bs)
             return self.carrying.replay(key, rows, lens)
-        riders = Riders.empty(width, self.device)
+        riders = Riders.empty(width, self.device, len(rows))
         riders.fill(rows, lens)
         max_len = max_len if self.device.type != "cuda" else None
         return carry(self, rnd, self.state, b, bs, riders, max_len)
