@@ -146,6 +146,7 @@ def test_riders_ride_the_kind_measured_to_carry_them():
     ps = prompts([5, 9, 12], target.cfg.vocab_size, seed=7)
     got, _, _ = _serve(eng, [[ps[0]], [ps[1]], [ps[2]]], 8)
     assert eng.batch.admissions == {IDLE: 1, RIDE: 2} and kinds == ["ar", "ar"]
+    assert eng.batch.carrying_kinds == {"ar": 2}
     ref = _engine(target, target.truncated(1), "tree")
     assert got == [ref.generate([p], SamplingParams(max_new_tokens=8, ignore_eos=True))[0].token_ids for p in ps]
 
@@ -222,6 +223,9 @@ def test_scheduler_admits_into_the_verify_pass_and_reports_it():
     assert counts[IDLE] == len(ps) + 1 and counts.get(RIDE, 0) + counts.get(FULL, 0) == len(ps) - 1
     assert f'specpilot_prompt_admissions_total{{path="idle"}} {counts[IDLE]}' in text
     assert "prompt_admissions_total{path=" in text
+    carried = eng.batch.carrying_kinds  # the chain's own round carried every rider (nothing measured: CPU)
+    assert set(carried) <= {"spec"} and (carried.get("spec", 0) > 0) == (counts.get(RIDE, 0) > 0)
+    assert f'specpilot_carrying_rounds_total{{kind="spec"}} {carried.get("spec", 0)}' in text
     assert "prompt_admissions_total" not in Scheduler(_engine(target, target.truncated(1), "chain")).metrics.render()
 
 

@@ -93,6 +93,7 @@ class RowBatch:
         self.admission = getattr(engine.options, "prompt_admission", 0)
         self._riders: list[Request] = []
         self.admissions: dict[str, int] = {}
+        self.carrying_kinds: dict[str, int] = {}  # rounds that carried prompts, by the kind that ran (/metrics)
         self._fallback_events: list[StreamEvent] = []
 
     # ---- occupancy ---------------------------------------------------------------------------------
@@ -306,6 +307,9 @@ class RowBatch:
             width = rider_width(max(len(r.prompt) for r in riders), eng.target_runner.scratch)
             kind = carry_kind(eng, b, width, kind)
         admitted = self._run_with_riders(riders, b, bs, max_len, kind) if riders else None
+        if admitted is not None:
+            name = "spec" if kind is None else str(kind)
+            self.carrying_kinds[name] = self.carrying_kinds.get(name, 0) + 1
         if admitted is None:
             riders, riding = [], set()
             eng.run_round(b, bs, max_len, kind)

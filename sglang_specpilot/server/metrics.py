@@ -74,6 +74,7 @@ class Metrics:
         self.depth_choices: dict[str, int] = {}
         self.adaptive_depth = False
         self.admissions: dict[str, int] | None = None  # prompt admission's decisions (None: off)
+        self.carrying_kinds: dict[str, int] = {}  # rounds that carried prompts, by round kind
         self.colocate: tuple[dict[str, int], bool] | None = None  # co-location: rounds by strategy, latest's
 
     # ---- updates (scheduler thread, or the event loop for ``rejected``) ----------------------------
@@ -101,6 +102,7 @@ class Metrics:
             self.row_rounds, self.round_tokens = batch.rounds, batch.round_tokens
             if getattr(batch, "admission", 0):
                 self.admissions = dict(batch.admissions)
+                self.carrying_kinds = dict(getattr(batch, "carrying_kinds", {}))
             eng = getattr(batch, "engine", None)
             if getattr(eng, "colocated", None) is not None:
                 self.colocate = (dict(eng.colocate_rounds), eng.colocated_last)
@@ -211,6 +213,14 @@ class Metrics:
                 "prompts; slower: the carrying round was measured slower than the separate prefill; fallback: "
                 "the carrying round failed, prefilled apart).",
                 [({"path": k}, v) for k, v in sorted(self.admissions.items())] or [({"path": "verify"}, 0)],
+            ))  # fmt: skip
+            rows.append((
+                "carrying_rounds_total",
+                "counter",
+                "Prompt admission: rounds that carried prompts' prefill, by the round kind that ran (spec: the "
+                "engine's own round; ar: the keep-up AR round, where the speculative one was measured slower "
+                "than the separate prefill; (depth, width): a narrowed tree round).",
+                [({"kind": k}, v) for k, v in sorted(self.carrying_kinds.items())] or [({"kind": "spec"}, 0)],
             ))  # fmt: skip
         if self.colocate is not None:
             counts, last = self.colocate

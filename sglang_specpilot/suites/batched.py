@@ -342,6 +342,7 @@ def _decisions(eng) -> dict:
     """The engine's mechanism counters now (automatic off, depths, shared budget, admission)."""
     p, b = eng.policy, eng.batch
     out = {"admissions": dict(b.admissions), "row_rounds": b.rounds, "round_tokens": b.round_tokens}
+    out["carrying_kinds"] = dict(b.carrying_kinds)
     if p is not None:
         out |= {
             "speculation": dict(p.decisions),
