@@ -233,3 +233,16 @@ def test_every_committed_result_names_its_commit_gpu_date_and_command():
         if lacks or str(doc.get("commit")) == "unknown":
             missing[path.name] = lacks or ["commit"]
     assert not missing, missing
+
+
+def test_the_batched_grid_and_the_headline_share_the_readme(tmp_path):
+    args, readme, tables, results = _copies(tmp_path)
+    readme.write_text(README + f"\n{report.GRID_BEGIN}\nstale\n{report.GRID_END}\ntail\n")
+    assert report.main(args) == 0
+    text = readme.read_text()
+    assert "stale" not in text and text.endswith("tail\n")
+    assert "| N | AR |" in text and "headline" in text  # both sections written, neither lost to the other
+    doc = json.loads((results / report.BATCHED_GRID_FILE).read_text())
+    doc["cells"] = [c for c in doc["cells"] if not (c["system"] == "ar" and c["concurrency"] == 1)]
+    (results / report.BATCHED_GRID_FILE).write_text(json.dumps(doc))
+    assert "| 1 | - |" in report.render_grid_section(results)  # AR not run at 1: "-", never a number

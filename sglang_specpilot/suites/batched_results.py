@@ -120,3 +120,31 @@ def readme_table(cell_list: list[dict]) -> str:
             f"{f(r, 1.0, 2)} |"
         )
     return "\n".join(lines)
+
+
+def grid_table(data: dict) -> str:
+    """Total tokens/s by N (rows) and system (columns), with the mechanisms' ratios to AR and to stock: the
+    README's grid (``harness.report``, between its batched-grid markers). A system that failed at an N says
+    so (the file's ``errors``); one not run there is "-"."""
+    cells = {(c["system"], c["concurrency"]): c for c in data.get("cells", [])}
+    failed = {(e.get("system"), e.get("concurrency")): e.get("error", "") for e in data.get("errors", [])}
+    systems = [s for s in SYSTEMS if any(k[0] == s for k in cells) or any(k[0] == s for k in failed)]
+    ns = sorted({n for _, n in cells} | {n for _, n in failed if n is not None})
+    head = "| N | " + " | ".join(LABELS[s] for s in systems) + " | vs AR | vs stock |"
+    lines = [head, "|---:|" + "---:|" * (len(systems) + 2)]
+
+    def tps(s: str, n: int) -> str:
+        c = cells.get((s, n))
+        if c is not None and c.get("total_tokens_per_s") is not None:
+            return f"{c['total_tokens_per_s']:,.0f}"
+        err = failed.get((s, n))
+        return f"failed ({err.split(':')[0]})" if err else "-"
+
+    def ratio(base: str, n: int) -> str:
+        r = _ratio(cells, MAIN, base, n, "total_tokens_per_s")
+        return "-" if r is None else f"{r:.2f}x"
+
+    for n in ns:
+        row = " | ".join(tps(s, n) for s in systems)
+        lines.append(f"| {n} | {row} | {ratio('ar', n)} | {ratio('stock', n)} |")
+    return "\n".join(lines)
