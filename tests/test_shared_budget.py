@@ -88,6 +88,35 @@ def test_captured_batched_mechanisms_equal_ar_gpu(adaptive_width):
     assert eng.policy.shared_rounds > 0
     assert eng.policy.width_rounds.get(4, 0) > 0  # 12 nodes: 4 a row from 2 rows up, captured narrowed kinds
     assert all(b in eng.kinds_captured[k] for b in (2, 4, 8) for k in eng.kinds_captured if k in kinds_at(eng, b))
+    # The engine's own round is captured only where no shared budget narrows it: 8 nodes fit 12 at 1 row.
+    assert [b for b in (1, 2, 4, 8) if b in eng.captured] == [1]
+
+
+@pytest.mark.gpu
+def test_captured_mechanisms_with_admission_carry_in_the_ar_round_gpu():
+    # Prompts ride the keep-up AR round where the speculative one is planted slower than the separate prefill
+    # (``admission.carry_kind``); one and two riders a round, each its own captured shape.
+    from test_prompt_admission import _serve
+
+    target = tiny_model("tiny-llama").cuda()
+    draft = target.truncated(2)
+    ps = prompts([7, 30, 3, 61, 12, 45], target.cfg.vocab_size, seed=3)
+    kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    ar_eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False))
+    alone = [ar_eng.generate([p], params)[0].token_ids for p in ps]
+    mech = dict(tree_budget=8, tree_depth=4, tree_top_k=2, shared_budget=12, auto_off=True, prompt_admission=64)
+    eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False, **mech), draft)
+    eng.warmup()
+    assert eng.carry_ms and all("ar" in ms for ms in eng.carry_ms.values())
+    captured = len(eng.carrying._graphs)
+    for key in eng.carry_ms:  # planted: only the AR round carries within the prefill's time
+        eng.carry_ms[key] = {k: (1.0 if k == "ar" else 9.0) for k in eng.carry_ms[key]}
+        eng.admission_costs[key] = (1.0, 2.0)
+    got, _, _ = _serve(eng, [[ps[0]], [], [ps[1], ps[2]], [ps[3]], [], [ps[4], ps[5]]], 20, lookahead=True)
+    assert got == alone
+    assert eng.batch.carrying_kinds.get("ar", 0) >= 2 and set(eng.batch.carrying_kinds) == {"ar"}
+    assert len(eng.carrying._graphs) == captured  # every carrying shape was captured at warm-up
 
 
 def test_kinds_at_lists_only_what_a_bucket_runs():
