@@ -25,6 +25,7 @@ bounds.
 from __future__ import annotations
 
 from .acceptance import ALPHA
+from .estimates import RowEstimates, most_per_ms
 
 HEADROOM = 2.0
 
@@ -43,49 +44,31 @@ def batch_depth(rows: list[tuple[float | None, bool]], depths: tuple[int, ...], 
     return max((wanted_depth(t, c, depths, current) for t, c in rows), default=depths[-1])
 
 
-class DepthEstimates:
+class DepthEstimates(RowEstimates):
     """Per row and depth d, an EMA (``acceptance.ALPHA``) of the tokens a round at depth d would have
     emitted, from every speculative round at depth >= d.
 
     A round at depth D whose row accepted ``a`` drafted tokens would have emitted ``min(a, d) + 1`` at any
     depth d <= D. For a chain that is exact (the drafter drafts the same first d tokens at any depth). For
     a best-first tree it is an estimate: the shallower tree of the same node budget spreads its nodes
-    wider (``round_kinds.depth_shape``), so it may accept a sibling path the deeper tree did not verify.
-    Rounds narrowed to fewer verify nodes (shared budget, adaptive width) count at the depth they ran."""
+    wider (``round_kinds.depth_shape``), so it may accept a sibling path the deeper tree did not verify."""
 
     def __init__(self, rows: int, depths: tuple[int, ...], alpha: float = ALPHA):
-        self.depths, self.alpha = depths, alpha
-        self.est: list[dict[int, float]] = [{} for _ in range(rows)]
+        super().__init__(rows, alpha)
+        self.depths = depths
 
     def observe(self, row: int, tokens: int, depth: int) -> None:
         """A round at draft depth ``depth`` emitted ``tokens`` (accepted drafts + the bonus) for ``row``."""
         for d in self.depths:
             if d <= depth:
-                t = min(tokens - 1, d) + 1
-                old = self.est[row].get(d)
-                self.est[row][d] = float(t) if old is None else old + self.alpha * (t - old)
+                self.update(row, d, min(tokens - 1, d) + 1)
 
     def tau(self, rows: list[int], depth: int) -> float | None:
         """Mean estimate at ``depth`` over ``rows``; None where a row has none."""
-        vals = [self.est[r].get(depth) for r in rows]
-        if not vals or any(v is None for v in vals):
-            return None
-        return sum(vals) / len(vals)
-
-    def forget(self, row: int) -> None:
-        self.est[row] = {}
+        return self.mean(rows, depth)
 
 
-def best_depth(candidates: list[tuple[int, object]], tau, ms) -> int | None:
-    """The depth of ``candidates`` [(depth, kind key)] with the highest ``tau(depth) / ms(key)``; None when
-    any candidate lacks either (the caller falls back to ``batch_depth``)."""
-    scored = []
-    for d, key in candidates:
-        t, m = tau(d), ms(key)
-        if t is None or m is None or m <= 0:
-            return None
-        scored.append((t / m, d))
-    return max(scored)[1] if scored else None
+best_depth = most_per_ms  # the depth of [(depth, kind key)] with the most estimated tokens per ms, or None
 
 
 def next_depth(depths: tuple[int, ...], current: int) -> int:

@@ -21,7 +21,7 @@ runs). A width with no estimate for some row is not chosen; the widest (the shar
 
 from __future__ import annotations
 
-from .acceptance import ALPHA
+from .estimates import RowEstimates, most_per_ms
 
 
 def counterfactual(ranks: list[int], n: int, width: int) -> int:
@@ -30,40 +30,19 @@ def counterfactual(ranks: list[int], n: int, width: int) -> int:
     return 1 + sum(1 for r in ranks[:n] if r <= width)
 
 
-class WidthEstimates:
+class WidthEstimates(RowEstimates):
     """Per row and (depth, width), an EMA of tokens per round (``acceptance.ALPHA``), from rounds at that
     depth and at least that width."""
-
-    def __init__(self, rows: int, alpha: float = ALPHA):
-        self.alpha = alpha
-        self.est: list[dict[tuple[int, int], float]] = [{} for _ in range(rows)]
 
     def observe(self, row: int, depth: int, widths: list[int], ranks: list[int], tokens: int) -> None:
         """A round at depth ``depth`` and width ``widths[0]`` emitted ``tokens``; ``widths`` lists it and
         the narrower widths to update."""
         for w in widths:
-            t = counterfactual(ranks, tokens - 1, w)
-            old = self.est[row].get((depth, w))
-            self.est[row][(depth, w)] = float(t) if old is None else old + self.alpha * (t - old)
+            self.update(row, (depth, w), counterfactual(ranks, tokens - 1, w))
 
     def tau(self, rows: list[int], depth: int, width: int) -> float | None:
         """Mean estimate over ``rows``; None where a row has none."""
-        vals = [self.est[r].get((depth, width)) for r in rows]
-        if not vals or any(v is None for v in vals):
-            return None
-        return sum(vals) / len(vals)
-
-    def forget(self, row: int) -> None:
-        self.est[row] = {}
+        return self.mean(rows, (depth, width))
 
 
-def best_width(candidates: list[tuple[int, object]], tau, ms) -> int | None:
-    """The width of ``candidates`` [(width, kind key)] with the highest ``tau(width) / ms(key)``; None when
-    any candidate lacks either (the caller keeps its default)."""
-    scored = []
-    for w, key in candidates:
-        t, m = tau(w), ms(key)
-        if t is None or m is None or m <= 0:
-            return None
-        scored.append((t / m, w))
-    return max(scored)[1] if scored else None
+best_width = most_per_ms  # the width of [(width, kind key)] with the most estimated tokens per ms
