@@ -52,7 +52,7 @@ RIDER_SLOTS = 2  # prompts one round carries at most
 # Packed rider rows a carrying round's shape holds: one per rider, so a lone rider (most admissions) carries
 # no second slot of the width's tokens: at bucket 16 the verify block is 16 to 144 rows, and a second
 # 256-token slot doubled what the prompts added to GEMMs already past the H200's ridge (~200 rows).
-RIDER_SHAPES = (1, 2)
+RIDER_SHAPES = tuple(range(1, RIDER_SLOTS + 1))
 
 
 def admission_path(
@@ -93,7 +93,7 @@ class Riders:
     width: int
 
     @classmethod
-    def empty(cls, width: int, device, slots: int = RIDER_SLOTS) -> Riders:
+    def empty(cls, width: int, device, slots: int) -> Riders:
         z = torch.zeros(slots, dtype=torch.long, device=device)
         return cls(z, z.clone(), width)
 
@@ -150,7 +150,7 @@ def carry_kinds(engine, b: int) -> list:
     from .round_kinds import kind_key
 
     main = kind_key(engine, engine.round.shape.depth, b) if engine.kinds else None
-    return [main] + (["ar"] if "ar" in engine.kinds and main != "ar" else [])
+    return [main] + (["ar"] if "ar" in engine.kinds else [])
 
 
 def carry_kind(engine, b: int, width: int, preferred):
@@ -170,8 +170,8 @@ def measure_costs(engine, ladder: tuple[int, ...]) -> tuple[dict, dict]:
     the separate prefill one prompt of ``width`` tokens would take at that bucket (packed, the prompt's row
     alone, where the engine packs it; else the padded prefill of ``bucket`` rows, graphs where captured)
     and each ``carry_kinds`` round carrying it (its captured graph). Returns (``admission_costs``: (bucket,
-    width) -> (the carrying ms of the kind that keeps the TTFT, or the fastest; the prefill ms), and
-    ``carry_ms``: (bucket, width) -> {kind: carrying ms})."""
+    width) -> (the fastest carrying kind's ms, the prefill ms), and ``carry_ms``: (bucket, width) -> {kind:
+    carrying ms}, from which ``carry_kind`` picks the kind that runs)."""
     from .packed_prefill import packed_prefill, worth_packing
     from .step_curve import measure
 
@@ -189,8 +189,7 @@ def measure_costs(engine, ladder: tuple[int, ...]) -> tuple[dict, dict]:
                 for k in carry_kinds(engine, b)
             }
             by_kind[(b, w)] = ms
-            fits = [k for k in ms if ms[k] <= prefill_ms]
-            costs[(b, w)] = (ms[fits[0]] if fits else min(ms.values()), prefill_ms)
+            costs[(b, w)] = (min(ms.values()), prefill_ms)  # a prompt rides where some kind fits
     return costs, by_kind
 
 

@@ -187,10 +187,10 @@ class Engine:
         self.colocated_last = False
         self._batch: RowBatch | None = None
         self.warmup_s: float | None = None
-        # Prompt admission's carrying rounds, captured per (kind, bucket, width) where rounds are captured.
+        # Prompt admission's carrying rounds, captured per (kind, bucket, width, riders) where rounds are.
         self.carrying = None
         self.admission_costs: dict[tuple[int, int], tuple[float, float]] = {}  # measured at warm-up (CUDA)
-        self.carry_ms: dict[tuple[int, int], dict] = {}  # (bucket, width) -> {carrying kind: ms}, the same
+        self.carry_ms: dict[tuple[int, int], dict] = {}  # (bucket, width) -> {carrying kind: ms}, at warm-up
         if options.prompt_admission and self.captured is not None:
             from .admission import CarryingGraphs
 

@@ -213,13 +213,13 @@ class SpecPolicy:
             return default, None
         if self._narrow_rounds >= self.width_probe_every:
             self._narrow_rounds = 0
-            self._count_width("probe")
+            self._count(self.width_choices, "probe")
             return cands[0][1], None
         w = best_width(cands, lambda w: self.widths.tau(rows, depth, w), lambda k: self._ms(k, b))
         if w is None:
-            self._count_width("widest")
+            self._count(self.width_choices, "widest")
             return cands[0][1], None
-        self._count_width("chosen")
+        self._count(self.width_choices, "chosen")
         self._narrow_rounds = self._narrow_rounds + 1 if w != cands[0][0] else 0
         key = dict(cands)[w]
         return key, [self.widths.est[r][(depth, w)] for r in rows]
@@ -238,9 +238,6 @@ class SpecPolicy:
         if curve is None or all(r != b for r, _ in curve.points.get(name, [])):
             return None
         return curve.ms(name, b)
-
-    def _count_width(self, what: str) -> None:
-        self._count(self.width_choices, what)
 
     @staticmethod
     def _count(counts: dict[str, int], what: str) -> None:

@@ -307,12 +307,12 @@ class RowBatch:
             width = rider_width(max(len(r.prompt) for r in riders), eng.target_runner.scratch)
             kind = carry_kind(eng, b, width, kind)
         admitted = self._run_with_riders(riders, b, bs, max_len, kind) if riders else None
-        if admitted is not None:
-            name = "spec" if kind is None else str(kind)
-            self.carrying_kinds[name] = self.carrying_kinds.get(name, 0) + 1
         if admitted is None:
             riders, riding = [], set()
             eng.run_round(b, bs, max_len, kind)
+        else:
+            name = "spec" if kind is None else str(kind)
+            self.carrying_kinds[name] = self.carrying_kinds.get(name, 0) + 1
         if self._pinned:
             host = self._pinned[self._launches % 2][:b]
             host.copy_(st.out[:b], non_blocking=True)
