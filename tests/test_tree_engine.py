@@ -232,6 +232,30 @@ def test_expand_lattice_equals_recompute(depth, top_k):
             torch.testing.assert_close(lat.logprobs[b, e], lp, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("w", [2, 3, 5])
+def test_narrow_top_k_drafts_the_same_best_tree(w):
+    # ``round_kinds.width_shape`` drafts a w-node kind with top_k w, not the engine's wider top_k: the best
+    # w nodes of the wide lattice must all be in the narrow one, so both build the same tree.
+    from tree_verify import best_first
+
+    model = tiny_model("tiny-qwen3", dtype=torch.float64)
+    ps = prompts([6, 11, 9], model.cfg.vocab_size, seed=12)
+    trees = []
+    for k in (6, w):
+        runner = ModelRunner(model, 3, 128, cuda_graphs=False)
+        history = torch.zeros(3, 128, dtype=torch.long)
+        for b, p in enumerate(ps):
+            history[b, : len(p)] = torch.tensor(p)
+        runner.step(history[:, :11], torch.tensor([0, 0, 0]), *causal_tree(11))
+        seq_len = torch.tensor([len(p) - 1 for p in ps])
+        next_tok = torch.tensor([p[-1] for p in ps])
+        lat, _, _ = expand_lattice(runner, history, seq_len, next_tok, min(4, w), k)
+        tree = best_first(lat, w)
+        trees.append((tree.tokens.tolist(), tree.parents.tolist(), tree.scores))
+    assert trees[0][:2] == trees[1][:2]
+    torch.testing.assert_close(trees[0][2], trees[1][2], rtol=0, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------- options
 
 

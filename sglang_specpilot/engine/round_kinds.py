@@ -67,8 +67,14 @@ def width_for(budget: int, shared: int | None, b: int) -> int:
 
 
 def width_shape(shape: RoundShape, w: int) -> RoundShape:
-    """``shape`` verifying ``w`` nodes (a tree of w nodes reaches at most depth w)."""
-    return replace(shape, budget=w, depth=min(shape.depth, w))
+    """``shape`` verifying ``w`` nodes: a tree of w nodes reaches at most depth w, and expands at most w
+    children a node. The best w nodes by path score form a prefix-closed tree, so each of them is among
+    its parent's w best children and among the w best of its depth: expanding top_k > w children per
+    depth drafts only nodes the tree cannot keep (the same tree up to ties), at top_k / w times the
+    drafter's rows per depth: at bucket 32 under a 128-node budget (width 4, top-k 8), 256 rows a depth
+    where 128 hold the same tree. On the H200 (lifted 8B, 2bcb6d1) that round, (6, 4), took 8.4 ms against
+    6.7 ms for stock's chain of 4 verifying as many rows."""
+    return replace(shape, budget=w, depth=min(shape.depth, w), top_k=min(shape.top_k, w))
 
 
 def alternate_rounds(engine) -> dict:
