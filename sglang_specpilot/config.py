@@ -103,6 +103,10 @@ class EngineOptions:
         or a narrower one: N/2, N/4, ... down to 4 nodes a row) whose rows' estimated tokens per round over the
         step curve's time is highest (``engine.adaptive_width``; narrower widths' tokens are known exactly from
         where a round's accepted nodes ranked). False (the default): the shared budget sets the width.
+    chain_depths : tree rounds with ``auto_off``: greedy chains of these depths (at most ``tree_depth``) that a
+        batch may run instead of its tree where they promise more tokens per ms at its bucket: the step curve's
+        time for each kind, and what a chain would have accepted, known from where the tree's accepted path
+        left the drafter's top-1 children (``engine.chain_kinds``). Empty (the default): trees only.
     prompt_admission : prompt tokens a round may carry in its target forward (``engine.admission``): a prompt
         that arrives while rows are running and fits is prefilled inside the next round's verify pass (one
         read of the weights for both) instead of a separate prefill that holds the running rows back; at most
@@ -155,6 +159,7 @@ class EngineOptions:
     adaptive_depths: tuple[int, ...] = ()
     shared_budget: int | None = None
     adaptive_width: bool = False
+    chain_depths: tuple[int, ...] = ()
     prompt_admission: int = 0
     capture_sampling: bool = True
     decode_gemv: bool = True
@@ -229,6 +234,15 @@ class EngineOptions:
                 raise ValueError("shared_budget shares tree nodes: it needs tree rounds (tree_budget)")
             if self.shared_budget < 1:
                 raise ValueError(f"shared_budget must be >= 1, got {self.shared_budget}")
+        self.chain_depths = tuple(sorted(set(self.chain_depths)))
+        if self.chain_depths:
+            if not self.tree or not self.auto_off:
+                raise ValueError(
+                    "chain_depths are chains a tree batch may run instead, chosen by the step curve: they need "
+                    "tree rounds (tree_budget) and auto_off"
+                )
+            if any(not 1 <= d <= self.tree_depth for d in self.chain_depths):
+                raise ValueError(f"chain_depths must lie in 1..{self.tree_depth} (tree_depth), got {self.chain_depths}")
         if self.adaptive_width and (self.shared_budget is None or not self.auto_off):
             raise ValueError(
                 "adaptive_width chooses among the shared budget's widths by the step curve: it needs shared_budget "

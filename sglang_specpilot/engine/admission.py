@@ -145,12 +145,14 @@ def carry(engine, rnd, st, b: int, bs, riders: Riders, max_len: int | None) -> t
 
 def carry_kinds(engine, b: int) -> list:
     """The round kinds that may carry prompts at bucket ``b``, captured and timed at warm-up: the kind the
-    policy's full depth runs there (``round_kinds.kind_key``; None: the engine's own round), then the
-    keep-up AR round where automatic off has one."""
+    policy's full depth runs there (``round_kinds.kind_key``; None: the engine's own round), the chain kinds
+    (``chain_kinds``), then the keep-up AR round where automatic off has one."""
+    from .chain_kinds import chain_depth
     from .round_kinds import kind_key
 
     main = kind_key(engine, engine.round.shape.depth, b) if engine.kinds else None
-    return [main] + (["ar"] if "ar" in engine.kinds else [])
+    chains = [k for k in engine.kinds if chain_depth(k)]
+    return [main, *chains] + (["ar"] if "ar" in engine.kinds else [])
 
 
 def carry_kind(engine, b: int, width: int, preferred):

@@ -148,7 +148,13 @@ class Engine:
                 raise ValueError(f"the drafter reads target layer {max(self.feature_layers)} of {target.num_layers}")
             features = (len(self.feature_layers) * target.cfg.hidden_size, target.embed.weight.dtype)
         self.state = RoundState.allocate(
-            options.max_batch_size, width, shape, self.device, features, ranks=options.adaptive_width
+            options.max_batch_size,
+            width,
+            shape,
+            self.device,
+            features,
+            ranks=options.adaptive_width,
+            greedy=bool(options.chain_depths),
         )
         if options.tlv and self.state.n_prev is None:  # a plain drafter's TLV window needs n_prev too
             self.state.n_prev = torch.zeros(options.max_batch_size, dtype=torch.long, device=self.device)
@@ -169,6 +175,10 @@ class Engine:
                 rnd.shared_budget = options.shared_budget if rnd.shape.depth else None
                 if options.adaptive_width:  # the accepted nodes' ranks, read back with the tokens
                     rnd.rank_col = shape.depth + 1
+        if options.chain_depths and self.draft_runner is not None:  # what a chain would have accepted
+            col = self.state.out.shape[1] - 3
+            for rnd in (self.round, *self.kinds.values()):
+                rnd.greedy_col = col if rnd.shape.depth and not rnd.shape.chain else None
         self.policy = SpecPolicy(self, curve) if self.kinds or options.shared_budget is not None else None
         self.sampled_refused: dict[tuple, str] = {}  # (captured round, bucket, filter) -> why its capture failed
         self.colocated = None

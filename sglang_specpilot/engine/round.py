@@ -87,7 +87,8 @@ class RoundState:
     out : [R, D + 3] int64, the round's result per row: emitted tokens at ``out[:, : n + 1]``, at -2 whether
           the target's logits held a NaN or inf (read back with the tokens: no sync of its own), n at -1;
           [R, 2D + 3] with ``ranks``: a tree round's accepted nodes' verify-block indices at D + 1 .. 2D
-          (``Round.rank_col``; ``engine.adaptive_width``)
+          (``Round.rank_col``; ``engine.adaptive_width``); with ``greedy`` one more column before the last two:
+          how many leading accepted nodes were top-1 children (``Round.greedy_col``; ``chain_kinds``)
     feats, n_prev : an EAGLE-3 drafter's inputs (else None): [R, D + 1, F] the target features of the
         last round's root and accepted nodes, [R] how many nodes it accepted (``draft_tree._eagle_root``)
     """
@@ -109,16 +110,17 @@ class RoundState:
         device,
         features: tuple[int, torch.dtype] | None = None,
         ranks: bool = False,
+        greedy: bool = False,
     ) -> RoundState:
         """``features``: (feature width F, dtype) for an EAGLE-3 drafter; ``ranks``: room for the accepted
-        nodes' ranks in ``out``."""
+        nodes' ranks in ``out``; ``greedy``: a column for the accepted path's top-1 run (``Round.greedy_col``)."""
         st = cls(
             history=torch.zeros(rows, width, dtype=torch.long, device=device),
             # A free row keeps length 1: a draft step reads the token at seq_len - 1.
             seq_len=torch.ones(rows, dtype=torch.long, device=device),
             next_tok=torch.zeros(rows, dtype=torch.long, device=device),
             in_use=torch.zeros(rows, dtype=torch.bool, device=device),
-            out=torch.zeros(rows, shape.depth * (2 if ranks else 1) + 3, dtype=torch.long, device=device),
+            out=torch.zeros(rows, shape.depth * (2 if ranks else 1) + 3 + greedy, dtype=torch.long, device=device),
         )
         if features is not None:
             st.feats = torch.zeros(rows, shape.depth + 1, features[0], dtype=features[1], device=device)
@@ -149,6 +151,9 @@ class Round:
         # Where a tree round writes its accepted nodes' verify-block indices in ``out`` (``adaptive_width``:
         # ``RoundState.allocate(ranks=True)``), or None: not written.
         self.rank_col: int | None = None
+        # Where a draft-model tree round writes how many of its accepted nodes, from the root, were their
+        # parent's top-1 child: what a greedy chain would have accepted (``chain_kinds``), or None.
+        self.greedy_col: int | None = None
 
     @property
     def capturable(self) -> bool:
@@ -157,15 +162,16 @@ class Round:
 
     # ---- draft ------------------------------------------------------------------------------------
     def _draft(self, hist, seq, nxt, bs: BatchSampling, kv_len, features=None, use=None):
-        """-> (tokens [B, N], parents [B, N] or None for a chain, accept tokens, commit info, q or None)."""
+        """-> (tokens [B, N], parents [B, N] or None for a chain, accept tokens, commit info, q or None, each
+        node's rank among its parent's children or None)."""
         D, K, N = self.shape.depth, self.shape.top_k, self.shape.budget
         if self.draft is None:
             if self.shape.chain:
-                return ngram_draft(hist, seq, nxt, self.ngram, D), None, None, None, None
+                return ngram_draft(hist, seq, nxt, self.ngram, D), None, None, None, None, None
             tree, valid = ngram_tree(hist, seq, nxt, self.ngram, D, K, N)
-            return tree.tokens, tree.parents, torch.where(valid, tree.tokens, -1), None, None
+            return tree.tokens, tree.parents, torch.where(valid, tree.tokens, -1), None, None, None
         if self.shape.chain and bs.all_greedy:  # no lattice to build: the chain's tokens alone
-            return draft_chain(self.draft, hist, seq, nxt, D, kv_len, features), None, None, None, None
+            return draft_chain(self.draft, hist, seq, nxt, D, kv_len, features), None, None, None, None, None
         sample = None
         if self.shape.chain and not bs.all_greedy:
 
@@ -178,14 +184,16 @@ class Round:
         # weakref error inside inference mode), so only the blocks are compiled.
         lattice, expanded_by, qs = expand_lattice(self.draft, hist, seq, nxt, D, K, kv_len, sample, features)
         if self.shape.chain:  # the lattice of a chain is the chain: candidate i is draft token i + 1
-            return lattice.tokens[:, :, 0], None, None, None, qs
+            return lattice.tokens[:, :, 0], None, None, None, qs, None
         tree = best_first_tree(lattice, N) if launch.ROUND_KERNELS else best_first(lattice, N)
         accept = tree.tokens
         if self.shared_budget is not None and use is not None:  # one budget over the batch: padding is -1
             accept = torch.where(shared_keep(tree.scores, use, self.shared_budget), tree.tokens, -1)
         # An EAGLE-3 drafter's next round re-runs the accepted tokens with true features: no draft commit.
         commit = None if features is not None else (tree.candidates, expanded_by)
-        return tree.tokens, tree.parents, accept, commit, None
+        # Each node's rank among its parent's children (0: the drafter's top 1), where ``greedy_col`` wants it.
+        rank = tree.candidates % K if self.greedy_col is not None else None
+        return tree.tokens, tree.parents, accept, commit, None, rank
 
     # ---- the round --------------------------------------------------------------------------------
     def run(self, st: RoundState, b: int, bs: BatchSampling, max_len: int | None = None) -> None:
@@ -246,6 +254,7 @@ class Round:
         accept_tokens,
         commit,
         qs,
+        child_rank=None,
         *,
         bs: BatchSampling,
         kv_len,
@@ -258,7 +267,8 @@ class Round:
         acceptance compares (-1 marks padding nodes; None for chains); commit : (candidates, expanded_by)
         of a draft-model tree, or None; qs : the chain's draft distributions when sampling, or None.
         feats_out : (feats [B, D + 1, F], in_use [B]) for an EAGLE-3 drafter: the target features of the
-        accepted path (root first) are stored there for rows in use.
+        accepted path (root first) are stored there for rows in use. child_rank : [B, N] each tree node's rank
+        among its parent's children, or None: with it, ``out[:, greedy_col]`` gets the accepted path's top-1 run.
         """
         B = seq.shape[0]
         D = self.shape.depth
@@ -313,6 +323,10 @@ class Round:
         hist.scatter_(1, seq[:, None] + self._path, accepted)
         if self.rank_col is not None and parents is not None:  # the accepted nodes' ranks + 1 (adaptive_width)
             out[:, self.rank_col : self.rank_col + D] = path[:, 1:]
+        if child_rank is not None:
+            top1 = child_rank.gather(1, (path[:, 1:] - 1).clamp(min=0)) == 0  # [B, D]; padding past n
+            live = self._path[1:] <= n[:, None]
+            out[:, self.greedy_col] = (top1 & live).long().cumprod(1).sum(1)
         out[:, :D] = accepted[:, 1:]
         out[:, D] = bonus
         out.scatter_(1, n[:, None], bonus[:, None])  # row layout: a_1 .. a_n, bonus

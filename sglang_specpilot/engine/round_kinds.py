@@ -7,6 +7,7 @@ one per step.
               was sized for hold every kind
     (d, w)    the tree round of depth d with a verify block of w < its budget nodes (the shared node
               budget's width at wide batches: ``width_for``)
+    "chainD"  a greedy chain of depth D a tree batch may run instead of its tree (``chain_kinds``)
 
 None of them exists with default options: the engine then runs its one round, as before.
 
@@ -29,6 +30,8 @@ from .acceptance import Acceptance
 from .adaptive_depth import DepthEstimates, batch_depth, best_depth, next_depth
 from .adaptive_width import WidthEstimates, best_width
 from .auto_off import AR, PROBE, AutoOff
+from .chain_kinds import ChainEstimates, chain_depth, chain_key
+from .estimates import most_per_ms
 from .keepup_round import KeepUpARRound
 from .round import Round, RoundShape
 from .step_curve import StepCurve
@@ -94,6 +97,8 @@ def alternate_rounds(engine) -> dict:
         for d, shape in shapes.items():
             for w in widths_below(shape.budget):
                 kinds[(d, w)] = Round(main.target, main.draft, main.ngram, width_shape(shape, w))
+    for d in opts.chain_depths:
+        kinds[chain_key(d)] = Round(main.target, main.draft, main.ngram, RoundShape(d, d, 1))
     return kinds
 
 
@@ -109,12 +114,13 @@ def kinds_at(engine, b: int) -> list:
     captures there. A tree kind too wide for the bucket under a shared budget runs narrowed there
     (``kind_key``), so only its narrowed kind is listed: capturing the unnarrowed ones as well ran the H200
     out of memory at 64 rows (lifted 8B, 2bcb6d1: 80 GB of graph pools for rounds no batch of 64 runs).
-    The keep-up AR round is listed at every bucket; with ``adaptive_width``, every width below a bucket's."""
+    The keep-up AR round and the chain kinds are listed at every bucket; with ``adaptive_width``, every width
+    below a bucket's."""
     depths = {engine.round.shape.depth} | {k for k in engine.kinds if isinstance(k, int)}
     used = {kind_key(engine, d, b) for d in depths}
     if engine.options.adaptive_width:
         used |= {key for d in depths for _, key in width_keys(engine, d, b)}
-    return [k for k in (None, *engine.kinds) if k in used or k == "ar"]
+    return [k for k in (None, *engine.kinds) if k in used or k == "ar" or chain_depth(k)]
 
 
 def width_keys(engine, depth: int, b: int) -> list[tuple[int, object]]:
@@ -166,6 +172,14 @@ class SpecPolicy:
         self.width_probe_every = opts.auto_off_probe_every
         self._narrow_rounds = 0
         self.width_choices: dict[str, int] = {}  # adaptive width: chosen / widest (no estimate) / probe
+        # Chain kinds (``chain_kinds``): what each chain would have emitted per row, the rounds run at each
+        # chain depth, how each round chose between tree and chains (chain / tree / probe / unmeasured), and
+        # the chain rounds in a row since the tree last ran.
+        self.chain_depths = opts.chain_depths
+        self.chains = ChainEstimates(opts.max_batch_size, opts.chain_depths) if opts.chain_depths else None
+        self.chain_rounds: dict[int, int] = {}
+        self.chain_choices: dict[str, int] = {}
+        self._chain_run = 0
 
     @property
     def active(self) -> bool:
@@ -177,9 +191,14 @@ class SpecPolicy:
             depth = self._choose_depth(rows, b)
         key = kind_key(self.engine, depth, b)
         taus = [self.acc.off_tau(r) for r in rows]
+        width_taus = None
         if self.widths is not None:
             key, width_taus = self._choose_width(rows, depth, b, key)
             taus = width_taus or taus
+        if self.chains is not None:
+            chain = self._choose_chain(rows, b, key, depth, width_taus)
+            if chain is not None:
+                key, taus = chain
         if self.auto_off is not None:
             kind = "spec" if key is None else key
             decision = self.auto_off.decide(taus, b, kind)
@@ -190,6 +209,9 @@ class SpecPolicy:
                 depth = self.main_depth
                 key = kind_key(self.engine, depth, b)
         self._depth = depth
+        if chain_depth(key):
+            self.chain_rounds[chain_depth(key)] = self.chain_rounds.get(chain_depth(key), 0) + 1
+            return key
         if isinstance(key, tuple):
             self.width_rounds[key[1]] = self.width_rounds.get(key[1], 0) + 1
         self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
@@ -230,6 +252,35 @@ class SpecPolicy:
         key = dict(cands)[w]
         return key, [self.widths.est[r][(depth, w)] for r in rows]
 
+    def _choose_chain(self, rows: list[int], b: int, tree_key, depth: int, width_taus):
+        """(chain kind key, its rows' estimated tokens) where a chain kind promises more tokens per ms at bucket
+        ``b`` than the tree kind ``tree_key`` (at ``depth``; ``width_taus``: its rows' width estimates), else
+        None: the tree runs. After ``probe_every`` chain rounds in a row the tree runs once (its estimates
+        learn nothing from chains)."""
+        if self._chain_run >= self.width_probe_every:
+            self._chain_run = 0
+            self._count(self.chain_choices, "probe")
+            return None
+        if width_taus:
+            tree_tau = sum(width_taus) / len(width_taus)
+        elif self.depth_est is not None:
+            tree_tau = self.depth_est.tau(rows, depth)
+        else:
+            vals = [self.acc.tokens[r] for r in rows]
+            tree_tau = None if not vals or None in vals else sum(vals) / len(vals)
+        keys = [tree_key] + [chain_key(d) for d in self.chain_depths]
+        taus = [tree_tau] + [self.chains.tau(rows, d) for d in self.chain_depths]
+        cands = [(i, k) for i, k in enumerate(keys) if i == 0 or self._captured(k, b)]
+        best = most_per_ms(cands, lambda i: taus[i], lambda k: self._ms(k, b))
+        if not best:  # the tree: chosen, or some estimate or curve point is missing
+            self._chain_run = 0
+            self._count(self.chain_choices, "tree" if best == 0 else "unmeasured")
+            return None
+        self._chain_run += 1
+        self._count(self.chain_choices, "chain")
+        d = self.chain_depths[best - 1]
+        return keys[best], [self.chains.est[r][d] for r in rows]
+
     def _captured(self, key, b: int) -> bool:
         eng = self.engine
         if eng.captured is None:  # no graphs (CPU): every kind runs eagerly
@@ -250,7 +301,7 @@ class SpecPolicy:
         counts[what] = counts.get(what, 0) + 1
 
     def depth_of(self, key) -> int:
-        if isinstance(key, tuple):  # a narrowed round: its width may cap its depth
+        if isinstance(key, tuple) or chain_depth(key):  # a narrowed round (its width may cap its depth), a chain
             return self.engine.kinds[key].shape.depth
         return self.main_depth if key is None else (0 if key == "ar" else key)
 
@@ -260,6 +311,12 @@ class SpecPolicy:
         d = self.depth_of(key)
         if not d:  # AR rounds say nothing about the drafter
             return
+        if chain_depth(key):  # exact for chains up to its depth; nothing about the tree
+            self.chains.observe_chain(row, tokens - 1, d)
+            return
+        col = self.engine.round.greedy_col
+        if self.chains is not None and col is not None and out_row is not None:
+            self.chains.observe_tree(row, out_row[col])
         self.acc.observe(row, tokens, d)
         if self.depth_est is not None:
             self.depth_est.observe(row, tokens, d)
@@ -277,3 +334,5 @@ class SpecPolicy:
             self.depth_est.forget(row)
         if self.widths is not None:
             self.widths.forget(row)
+        if self.chains is not None:
+            self.chains.forget(row)
