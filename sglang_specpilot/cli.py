@@ -65,6 +65,7 @@ FLAG_NAMES = {
     "adaptive_depths": "--adaptive-depths",
     "shared_budget": "--shared-budget",
     "adaptive_width": "--adaptive-width",
+    "chain_depths": "--chain-depths",
     "prompt_admission": "--prompt-admission",
     "auto_off": "--auto-off",
     "ngram_size": "--ngram",
@@ -115,7 +116,7 @@ ENGINE_FLAGS = (
     "cuda_graphs", "compile", "weights", "draft_weights", "tree_budget", "tree_depth", "tree_top_k",
     "tlv", "tlv_chain_len", "tlv_hang_budget", "tlv_root_budget",
     "auto_off", "auto_off_curve", "auto_off_probe_every", "adaptive_depths", "shared_budget", "prompt_admission",
-    "adaptive_width", "capture_sampling", "decode_gemv", "verify_gemm",
+    "adaptive_width", "chain_depths", "capture_sampling", "decode_gemv", "verify_gemm",
 )  # fmt: skip
 ENGINE_DEFAULTS = {
     "model": None, "draft": None, "draft_layers": None, "ngram": None, "synthetic": False, "mode": "spec",
@@ -123,7 +124,8 @@ ENGINE_DEFAULTS = {
     "weights": "bf16", "draft_weights": "bf16", "tree_budget": None, "tree_depth": None, "tree_top_k": None,
     "tlv": False, "tlv_chain_len": 4, "tlv_hang_budget": None, "tlv_root_budget": 0,
     "auto_off": False, "auto_off_curve": None, "auto_off_probe_every": 16, "adaptive_depths": None,
-    "shared_budget": None, "prompt_admission": 0, "adaptive_width": False, "capture_sampling": True,
+    "shared_budget": None, "prompt_admission": 0, "adaptive_width": False, "chain_depths": None,
+    "capture_sampling": True,
     "decode_gemv": True, "verify_gemm": True,
 }  # fmt: skip
 
@@ -223,6 +225,10 @@ def _add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] = ENGINE_
             help="with --shared-budget and --auto-off: each round verifies the width (nodes a row) with the most "
             "estimated tokens per ms at its batch, the narrower widths' tokens known exactly from the accepted "
             "nodes' ranks"),
+        "chain_depths": lambda: g.add_argument(
+            "--chain-depths", type=_ints, metavar="D,D",
+            help="tree rounds with --auto-off: greedy chains of these depths a batch may run instead of its tree "
+            "where they promise more tokens per ms at its batch (e.g. --chain-depths 3)"),
         "prompt_admission": lambda: g.add_argument(
             "--prompt-admission", type=int, default=0, metavar="TOKENS",
             help="prompt tokens a round may carry: a prompt arriving while rows run that fits is prefilled inside "
@@ -310,6 +316,7 @@ def engine_options(args: argparse.Namespace):
         adaptive_depths=(args.adaptive_depths or ()) if args.mode == "spec" else (),
         shared_budget=args.shared_budget if args.mode == "spec" else None,
         adaptive_width=args.adaptive_width and args.mode == "spec",
+        chain_depths=(args.chain_depths or ()) if args.mode == "spec" else (),
         prompt_admission=args.prompt_admission,
         capture_sampling=args.capture_sampling,
         decode_gemv=args.decode_gemv,

@@ -3,7 +3,6 @@ instead where the step curve and the counterfactual estimates promise more token
 top-1 run predicts what the chain accepts, and greedy output still equals AR."""
 
 import pytest
-import torch
 from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
@@ -12,6 +11,7 @@ from sglang_specpilot.engine.chain_kinds import ChainEstimates, chain_depth, cha
 from sglang_specpilot.engine.round_kinds import kinds_at
 from sglang_specpilot.engine.sampling import BatchSampling
 from sglang_specpilot.engine.step_curve import StepCurve
+from sglang_specpilot.server.metrics import Metrics
 
 TREE = dict(tree_budget=8, tree_depth=4, tree_top_k=3)
 
@@ -152,6 +152,36 @@ def test_greedy_with_chain_kinds_equals_ar(chain_ms):
     p = eng.policy
     if chain_ms < 1:  # cheap chains: most rounds after the first estimates are chains, the tree probes
         assert p.chain_rounds.get(3, 0) > p.chain_choices.get("tree", 0) and p.chain_choices.get("probe", 0) > 0
+        m = Metrics()
+        m.round(eng.batch)
+        assert f'specpilot_chain_kind_rounds_total{{depth="3"}} {p.chain_rounds[3]}' in m.render()
+        assert f'specpilot_chain_kind_choices_total{{how="probe"}} {p.chain_choices["probe"]}' in m.render()
     else:  # dear chains: never
         assert not p.chain_rounds and p.chain_choices.get("tree", 0) > 0
     assert eng.batch.round_tokens > eng.batch.rounds
+
+
+@pytest.mark.gpu
+def test_captured_chain_kinds_with_every_mechanism_equal_ar_gpu():
+    # Chain kinds captured beside the tree kinds, timed in the step curve, carrying prompts where the policy
+    # picks them: greedy output still equals AR.
+    from test_prompt_admission import _serve
+
+    target = tiny_model("tiny-llama").cuda()
+    draft = target.truncated(2)
+    ps = prompts([7, 30, 3, 61, 12, 45], target.cfg.vocab_size, seed=3)
+    kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    ar_eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False))
+    alone = [ar_eng.generate([p], params)[0].token_ids for p in ps]
+    mech = dict(TREE, shared_budget=12, auto_off=True, adaptive_depths=(2,), chain_depths=(2, 3), prompt_admission=64)
+    eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False, **mech), draft)
+    eng.warmup()
+    assert all(b in eng.kinds_captured["chain3"] for b in (1, 2, 4, 8))
+    assert eng.policy.auto_off.curve.points.get("chain3")  # timed at warm-up
+    assert any(key[0] == "chain3" for key in eng.carrying._graphs)  # and captured carrying prompts
+    for b in (1, 2, 4, 8):  # planted: the chains are cheap, so the policy runs them
+        eng.policy.auto_off.curve.add("chain3", b, 1e-3)
+    got, _, _ = _serve(eng, [[ps[0]], [], [ps[1], ps[2]], [ps[3]], [], [ps[4], ps[5]]], 20, lookahead=True)
+    assert got == alone
+    assert eng.policy.chain_rounds.get(3, 0) > 0

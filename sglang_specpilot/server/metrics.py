@@ -71,6 +71,8 @@ class Metrics:
         self.shared_budget_rounds = 0
         self.width_rounds: dict[int, int] = {}
         self.width_choices: dict[str, int] = {}
+        self.chain_rounds: dict[int, int] = {}
+        self.chain_choices: dict[str, int] = {}
         self.depth_choices: dict[str, int] = {}
         self.adaptive_depth = False
         self.admissions: dict[str, int] | None = None  # prompt admission's decisions (None: off)
@@ -113,6 +115,8 @@ class Metrics:
                 self.width_rounds = dict(policy.width_rounds)
                 self.width_choices = dict(getattr(policy, "width_choices", {}))
                 self.depth_choices = dict(getattr(policy, "depth_choices", {}))
+                self.chain_rounds = dict(getattr(policy, "chain_rounds", {}))
+                self.chain_choices = dict(getattr(policy, "chain_choices", {}))
                 if policy.auto_off is not None:
                     self.predicted_speedup = policy.auto_off.last_speedup
 
@@ -203,6 +207,21 @@ class Metrics:
                 "Adaptive width: rounds by how their width was chosen (chosen: the most estimated tokens per ms; "
                 "widest: a row had no estimate yet; probe: the widest, re-measuring the wider widths).",
                 [({"how": k}, v) for k, v in sorted(self.width_choices.items())],
+            ))  # fmt: skip
+        if self.chain_choices:
+            rows.append((
+                "chain_kind_rounds_total",
+                "counter",
+                "Chain kinds: rounds a tree batch ran as a greedy chain instead, by chain depth.",
+                [({"depth": str(k)}, v) for k, v in sorted(self.chain_rounds.items())],
+            ))  # fmt: skip
+            rows.append((
+                "chain_kind_choices_total",
+                "counter",
+                "Chain kinds: rounds by how tree or chain was chosen (chain: a chain promised the most tokens per "
+                "ms; tree: the tree did; probe: the tree after probe_every chains in a row; unmeasured: an "
+                "estimate or a curve point was missing, the tree ran).",
+                [({"how": k}, v) for k, v in sorted(self.chain_choices.items())],
             ))  # fmt: skip
         if self.admissions is not None:
             rows.append((

@@ -14,7 +14,8 @@ before anything is timed:
   stock              chain speculative decoding with the drafter, gamma ``--gamma``
   specpilot          best-first trees ``--tree N,D,K``, none of issue 18's mechanisms
   specpilot_batched  the same trees with automatic off, adaptive draft depth (``--adaptive-depths``), the
-                     shared node budget (``--shared-budget``) and prompt admission (``--prompt-admission``)
+                     shared node budget (``--shared-budget``), prompt admission (``--prompt-admission``) and
+                     chain kinds (``--chain-depths``: stock's chain where it beats the tree per ms)
 
 The model is the e2e suite's (``--target``): SmolLM2 lifted to Llama-3.1-8B shapes with its EAGLE-3
 drafter lifted alongside (an 8B's cost per step), the real SmolLM2 (``smollm2``), or a tiny lift shape
@@ -71,6 +72,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     # (1.07x AR; the N 32 round, 17.3 ms against AR's 5.2, lost); N 32 up to 4 rows.
     p.add_argument("--shared-budget", type=int, default=128, help="specpilot_batched: verify nodes per round")
     p.add_argument("--prompt-admission", type=int, default=256, help="specpilot_batched: prompt tokens per round")
+    # Stock's chain as an alternative kind: where the tree loses to it per ms (16 and 32 rows at 2bcb6d1,
+    # batched_h200.json), the batch runs it.
+    p.add_argument("--chain-depths", default="3", help="specpilot_batched: greedy chains a batch may run ('' none)")
     p.add_argument(
         "--adaptive-width", action="store_true", help="specpilot_batched: each round's width by tokens per ms"
     )
@@ -148,6 +152,7 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
                     shared_budget=a.shared_budget,
                     adaptive_width=a.adaptive_width,
                     prompt_admission=a.prompt_admission,
+                    chain_depths=tuple(parse_ints(a.chain_depths)) if a.chain_depths else (),
                 ),
             }[system]
         )
@@ -351,6 +356,8 @@ def _decisions(eng) -> dict:
             "widths": dict(p.width_rounds),
             "width_choices": dict(p.width_choices),
             "depth_choices": dict(p.depth_choices),
+            "chains": dict(p.chain_rounds),
+            "chain_choices": dict(p.chain_choices),
         }
     return out
 
