@@ -14,7 +14,7 @@ tests)
     tests/test_prompt_admission.py 2>&1 | grep -v -E "Warn|warn" | tail -15 ;;
 a)  # the chain kinds' GPU test first (tiny model, ~1 min): if it fails, the sweep runs without them
   timeout 150 python -m pytest -q -m gpu tests/test_chain_kinds.py 2>&1 | tail -4 | tee /tmp/chain_test.txt
-  grep -q " passed" /tmp/chain_test.txt && ! grep -q "failed" /tmp/chain_test.txt || EXTRA="--chain-depths ''"
+  grep -q " passed" /tmp/chain_test.txt && ! grep -q "failed" /tmp/chain_test.txt || EXTRA="--chain-depths="
   SWEEP_S=${SWEEP_S:-560} NS=${NS:-1,16,64} SYSTEMS=${SYSTEMS:-ar,stock,specpilot_batched} EXTRA=${EXTRA:-} \
     bash benchmarks/device/recheck.sh sweep
   mkdir -p /tmp/grid && cp $OUT/sweep/batched*.json /tmp/grid/ && ls /tmp/grid ;;
