@@ -80,14 +80,15 @@ def test_eagle3_and_auto_off_together_equal_ar():
 
 
 def test_depth_estimates_are_counterfactual():
-    est = DepthEstimates(2, (3, 4, 6), alpha=1.0)
+    est = DepthEstimates(3, (3, 4, 6), alpha=1.0)
     est.observe(0, 3, 6)  # depth 6 accepted 2: every depth would have emitted 3
     assert est.est[0] == {3: 3.0, 4: 3.0, 6: 3.0}
     est.observe(0, 6, 6)  # accepted 5: depth 3 would have stopped at 3 accepted
     assert est.est[0] == {3: 4.0, 4: 5.0, 6: 6.0}
     est.observe(1, 5, 4)  # a round at depth 4 says nothing about depth 6
     assert est.est[1] == {3: 4.0, 4: 5.0}
-    assert est.tau([0, 1], 4) == 5.0 and est.tau([0, 1], 6) is None
+    assert est.tau([0, 1], 4) == 5.0 and est.tau([0, 1], 6) == 6.0  # half the rows known: they decide
+    assert est.tau([0, 1, 2], 6) is None  # fewer than half
     est.forget(0)
     assert est.tau([0], 3) is None
     ema = DepthEstimates(1, (3, 6))
@@ -137,7 +138,9 @@ def test_policy_picks_the_cost_optimal_depth():
     pol.auto_off.curve = _curve(b, {k: v for k, v in h200.items() if k != 4})  # depth 4 not measured
     assert pol.choose(rows, b) is None and pol.depth_choices["rule"] == 1  # the rule: 4 accepted + 2 -> 6
     pol.auto_off.curve = _curve(b, h200)
-    pol.forget(1)  # a row with no estimates: the rule (which drafts deepest to measure it)
+    pol.forget(1)  # one of two rows without estimates: the other decides
+    assert pol.choose(rows, b) == 4 and pol.depth_choices["rule"] == 1
+    pol.forget(0)  # none estimated: the rule (which drafts deepest to measure them)
     assert pol.choose(rows, b) is None and pol.depth_choices["rule"] == 2
 
 

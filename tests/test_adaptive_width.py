@@ -104,15 +104,18 @@ def test_policy_picks_most_tokens_per_ms_and_probes_the_widest():
         assert pol.choose(rows, b) == (D, 4)
     assert pol.choose(rows, b) is None  # the probe: the widest refreshes the wider estimates
     assert pol.width_choices["probe"] == 1
-    pol.widths.forget(2)
-    assert pol.choose(rows, b) is None  # a row without estimates: the widest measures it
+    pol.widths.forget(2)  # three of four rows estimated: they decide
+    assert pol.choose(rows, b) == (D, 4)
+    for r in (0, 1, 3):
+        pol.widths.forget(r)
+    assert pol.choose(rows, b) is None  # fewer than half estimated: the widest measures them
 
 
 def test_observe_updates_the_run_width_and_narrower():
-    est = WidthEstimates(2, alpha=1.0)
+    est = WidthEstimates(3, alpha=1.0)
     est.observe(0, 4, [8, 4], [1, 5, 6, 0], 4)  # 3 accepted at ranks 0, 4, 5
     assert est.est[0] == {(4, 8): 4.0, (4, 4): 2.0}
-    assert est.tau([0], 4, 8) == 4.0 and est.tau([0, 1], 4, 8) is None
+    assert est.tau([0], 4, 8) == 4.0 and est.tau([0, 1], 4, 8) == 4.0 and est.tau([0, 1, 2], 4, 8) is None
     assert best_width([(8, "a"), (4, "b")], lambda w: est.tau([0], 4, w), {"a": 2.0, "b": 1.0}.get) == 8
     assert best_width([(8, "a"), (4, "b")], lambda w: est.tau([0], 4, w), {"a": 2.0}.get) is None
 

@@ -42,7 +42,10 @@ def test_decision_rule_and_probes():
     assert [off.decide([1.0], 1) for _ in range(4)] == [AR, AR, AR, PROBE]
     fixed = AutoOff(StepCurve.from_triples(CURVE), probe_every=4, max_backoff=1)  # no doubling
     assert [fixed.decide([1.0], 1) for _ in range(8)] == [AR, AR, AR, PROBE] * 2
-    assert off.decide([1.0, None], 1) == UNMEASURED  # a row not measured yet: speculate to measure it
+    # Rows not measured yet: the measured ones decide while they are at least half (a new row in a wide batch
+    # no longer blocks the decision), else speculate to measure them.
+    assert off.decide([1.0, None, None], 1) == UNMEASURED
+    assert off.decide([3.0, None], 1) == SPEC and off.decide([1.0, 1.0, None], 1) == AR
     assert AutoOff(None, 4).decide([1.0], 1) == UNMEASURED  # no curve: today's behaviour
 
 

@@ -25,9 +25,9 @@ def test_keys_runs_and_estimates():
     assert chain_key(3) == "chain3" and chain_depth("chain3") == 3
     assert chain_depth("ar") is None and chain_depth((4, 8)) is None and chain_depth(3) is None
     assert greedy_run([0, 0, 2, 0], 4) == 2 and greedy_run([0, 0, 0], 2) == 2 and greedy_run([1, 0], 2) == 0
-    est = ChainEstimates(2, (2, 4), alpha=0.5)
+    est = ChainEstimates(3, (2, 4), alpha=0.5)
     est.observe_tree(0, 3)  # three top-1 nodes: a chain of 2 emits 3 tokens, one of 4 at least 4
-    assert est.tau([0], 2) == 3 and est.tau([0], 4) == 4 and est.tau([0, 1], 2) is None
+    assert est.tau([0], 2) == 3 and est.tau([0], 4) == 4 and est.tau([0, 1, 2], 2) is None
     est.observe_chain(0, 1, 2)  # a chain of 2 accepted 1: says nothing about depth 4
     assert est.tau([0], 2) == 2.5 and est.tau([0], 4) == 4
     est.observe_chain(0, 4, 4)
@@ -132,7 +132,8 @@ def test_the_policy_picks_the_most_tokens_per_ms_and_probes_the_tree():
     assert p.chain_rounds == {2: p.width_probe_every}
     _planted(eng, {None: 4.0, "chain2": 4.0})  # now the chain costs as much as the tree: the tree runs
     assert p.choose(rows, 2) is None and p.chain_choices["tree"] == 1
-    p.forget(1)  # a new row: no chain estimate yet, so the tree runs (and measures it)
+    p.forget(0)
+    p.forget(1)  # new rows: no estimates yet, so the tree runs (and measures them)
     assert p.choose(rows, 2) is None and p.chain_choices["unmeasured"] == 1
 
 

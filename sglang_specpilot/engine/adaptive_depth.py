@@ -64,7 +64,7 @@ class DepthEstimates(RowEstimates):
                 self.update(row, d, min(tokens - 1, d) + 1)
 
     def tau(self, rows: list[int], depth: int) -> float | None:
-        """Mean estimate at ``depth`` over ``rows``; None where a row has none."""
+        """Mean estimate at ``depth`` over the ``rows`` that have one (``estimates.known_mean``)."""
         return self.mean(rows, depth)
 
 

@@ -16,7 +16,8 @@ widest width runs) refreshes it.
 
 Choice. Among the widths whose kinds are captured at the bucket, the one with the highest mean estimated
 tokens over the step curve's milliseconds for that kind and bucket (the rows are the same whichever width
-runs). A width with no estimate for some row is not chosen; the widest (the shared budget's) then runs.
+runs), over the rows that have estimates. A width with too few rows estimated (``estimates.KNOWN_SHARE``)
+is not chosen; the widest (the shared budget's) then runs.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class WidthEstimates(RowEstimates):
             self.update(row, (depth, w), counterfactual(ranks, tokens - 1, w))
 
     def tau(self, rows: list[int], depth: int, width: int) -> float | None:
-        """Mean estimate over ``rows``; None where a row has none."""
+        """Mean estimate over the ``rows`` that have one (``estimates.known_mean``)."""
         return self.mean(rows, (depth, width))
 
 

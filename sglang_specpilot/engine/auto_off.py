@@ -18,13 +18,14 @@ off stretch is interrupted by speculative probes that refresh each row's estimat
 that finds speculation still losing is evidence that the batch stays where it is, and each costs a full
 speculative round: on the H200 (lifted 8B, 16 clients) automatic off probed 7 times in 125 rounds, each a
 16.5 ms tree round against the 5.0 ms AR step, about a tenth of the stretch's time. With doubling, the
-same stretch probes 3 times. A row with no estimate yet (just admitted) makes the batch speculate, which
-measures it, and starts the gaps over.
+same stretch probes 3 times. The rows with an estimate decide; where fewer than half have one (rows just
+admitted), the batch speculates, which measures them, and the gaps start over.
 """
 
 from __future__ import annotations
 
 from ..suites.e2e_results import cost_model
+from .estimates import known_mean
 from .step_curve import StepCurve
 
 SPEC, AR, PROBE, UNMEASURED = "spec", "ar", "probe", "unmeasured"
@@ -44,13 +45,13 @@ class AutoOff:
 
     def decide(self, taus: list[float | None], b: int, kind="spec") -> str:
         """SPEC, AR or PROBE for the next round of bucket ``b`` whose rows in use have ``taus``;
-        UNMEASURED (speculate) when the curve lacks the kinds or a row has no estimate yet."""
+        UNMEASURED (speculate) when the curve lacks the kinds or too few rows have an estimate yet."""
         if self.curve is None or not (self.curve.has("ar") and self.curve.has(kind)):
             return UNMEASURED
-        if not taus or any(t is None for t in taus):
+        tau = known_mean(taus)
+        if tau is None:  # too few rows measured yet (``estimates.KNOWN_SHARE``): speculate, which measures them
             self._restart()
             return UNMEASURED
-        tau = sum(taus) / len(taus)
         s = cost_model(tau, self.curve.ms(kind, b), self.curve.ms("ar", b))["predicted_speedup"]
         self.last_speedup = s
         if s > 1.0:

@@ -17,9 +17,10 @@ child the target rejected, a lower bound where the budget left it out. The round
 tokens (``Round.greedy_col``); a chain round of depth D gives min(a, d) exactly for every d <= D.
 
 Choice. The policy's tree kind (after adaptive depth and width) against each chain kind: the most estimated
-tokens over the step curve's ms at the bucket (``estimates.most_per_ms``), where every candidate has an
-estimate and a curve point; else the tree. Chain rounds say nothing about the tree, so after ``probe_every``
-chain rounds in a row the tree runs once and refreshes its estimates.
+tokens over the step curve's ms at the bucket (``estimates.most_per_ms``; means over the rows that have
+estimates, ``estimates.known_mean``), where every candidate has an estimate and a curve point; else the
+tree. Chain rounds say nothing about the tree, so after ``probe_every`` chain rounds in a row the tree runs
+once and refreshes its estimates.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from .adaptive_depth import DepthEstimates, batch_depth, best_depth, next_depth
 from .adaptive_width import WidthEstimates, best_width
 from .auto_off import AR, PROBE, AutoOff
 from .chain_kinds import ChainEstimates, chain_depth, chain_key
-from .estimates import most_per_ms
+from .estimates import known_mean, most_per_ms
 from .keepup_round import KeepUpARRound
 from .round import Round, RoundShape
 from .step_curve import StepCurve
@@ -250,7 +250,7 @@ class SpecPolicy:
         self._count(self.width_choices, "chosen")
         self._narrow_rounds = self._narrow_rounds + 1 if w != cands[0][0] else 0
         key = dict(cands)[w]
-        return key, [self.widths.est[r][(depth, w)] for r in rows]
+        return key, [self.widths.est[r].get((depth, w)) for r in rows]
 
     def _choose_chain(self, rows: list[int], b: int, tree_key, depth: int, width_taus):
         """(chain kind key, its rows' estimated tokens) where a chain kind promises more tokens per ms at bucket
@@ -262,12 +262,11 @@ class SpecPolicy:
             self._count(self.chain_choices, "probe")
             return None
         if width_taus:
-            tree_tau = sum(width_taus) / len(width_taus)
+            tree_tau = known_mean(width_taus)
         elif self.depth_est is not None:
             tree_tau = self.depth_est.tau(rows, depth)
         else:
-            vals = [self.acc.tokens[r] for r in rows]
-            tree_tau = None if not vals or None in vals else sum(vals) / len(vals)
+            tree_tau = known_mean([self.acc.tokens[r] for r in rows])
         keys = [tree_key] + [chain_key(d) for d in self.chain_depths]
         taus = [tree_tau] + [self.chains.tau(rows, d) for d in self.chain_depths]
         cands = [(i, k) for i, k in enumerate(keys) if i == 0 or self._captured(k, b)]
@@ -279,7 +278,7 @@ class SpecPolicy:
         self._chain_run += 1
         self._count(self.chain_choices, "chain")
         d = self.chain_depths[best - 1]
-        return keys[best], [self.chains.est[r][d] for r in rows]
+        return keys[best], [self.chains.est[r].get(d) for r in rows]
 
     def _captured(self, key, b: int) -> bool:
         eng = self.engine
