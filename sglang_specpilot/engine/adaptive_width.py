@@ -3,7 +3,7 @@ millisecond at the batch's bucket, from exact counterfactuals of the narrower wi
 
 Why. The shared node budget fixes a bucket's width (``round_kinds.width_for``: 8 nodes a row at 16 rows
 under the batched suite's 128), and at 16 clients that width only tied stock's chain: 2.87 tokens a row
-in a 9.7 ms round against the chain's 2.17 in 7.5 ms (H100, lifted 8B, d6fbe2c, batched_h100.json). Which
+in a 9.7 ms round against the chain's 2.17 in 7.5 ms (H100, lifted 8B, d6fbe2c, batched_d6fbe2c_h100.json). Which
 width pays depends on the text and the batch, so it is measured, not set.
 
 Counterfactuals. A best-first tree lists its nodes by path score, parents first, so the tree of w nodes is
