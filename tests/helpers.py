@@ -206,3 +206,17 @@ def assert_equal_or_near_tie(ar_engine: Engine, prompts, ar, got) -> None:
         assert margin <= DEFAULT_MARGIN_EPS, f"divergence at {t} where AR's margin is {margin:.3f}: not a near-tie"
         report = token_forcing(ar_engine.teacher_force_logits, [(p, s)])
         assert report.large_margin == 0, f"large-margin mismatches: {report.details}"
+
+
+def captured_case():
+    """The captured mechanism tests' case (CUDA): a tiny target, its two-layer drafter, six prompts, the engine
+    options they share, and each prompt's greedy tokens alone under AR (20 new tokens)."""
+    from sglang_specpilot.engine import SamplingParams
+
+    target = tiny_model("tiny-llama").cuda()
+    ps = prompts([7, 30, 3, 61, 12, 45], target.cfg.vocab_size, seed=3)
+    kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    ar_eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False))
+    alone = [ar_eng.generate([p], params)[0].token_ids for p in ps]
+    return target, target.truncated(2), ps, kw, alone

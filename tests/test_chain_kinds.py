@@ -3,7 +3,7 @@ instead where the step curve and the counterfactual estimates promise more token
 top-1 run predicts what the chain accepts, and greedy output still equals AR."""
 
 import pytest
-from helpers import WordTokenizer, prompts, tiny_model
+from helpers import WordTokenizer, captured_case, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
@@ -168,13 +168,7 @@ def test_captured_chain_kinds_with_every_mechanism_equal_ar_gpu():
     # picks them: greedy output still equals AR.
     from test_prompt_admission import _serve
 
-    target = tiny_model("tiny-llama").cuda()
-    draft = target.truncated(2)
-    ps = prompts([7, 30, 3, 61, 12, 45], target.cfg.vocab_size, seed=3)
-    kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    ar_eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False))
-    alone = [ar_eng.generate([p], params)[0].token_ids for p in ps]
+    target, draft, ps, kw, alone = captured_case()
     mech = dict(TREE, shared_budget=12, auto_off=True, adaptive_depths=(2,), chain_depths=(2, 3), prompt_admission=64)
     eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False, **mech), draft)
     eng.warmup()

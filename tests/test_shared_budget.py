@@ -3,7 +3,7 @@ not in use take nothing, and greedy output under it equals AR and each request a
 
 import pytest
 import torch
-from helpers import WordTokenizer, prompts, tiny_model
+from helpers import WordTokenizer, captured_case, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
@@ -98,13 +98,7 @@ def test_captured_mechanisms_with_admission_carry_in_the_ar_round_gpu():
     # (``admission.carry_kind``); one and two riders a round, each its own captured shape.
     from test_prompt_admission import _serve
 
-    target = tiny_model("tiny-llama").cuda()
-    draft = target.truncated(2)
-    ps = prompts([7, 30, 3, 61, 12, 45], target.cfg.vocab_size, seed=3)
-    kw = dict(max_seq_len=256, max_batch_size=8, graph_batch_sizes=(1, 2, 4, 8), device="cuda", dtype="float32")
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    ar_eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False))
-    alone = [ar_eng.generate([p], params)[0].token_ids for p in ps]
+    target, draft, ps, kw, alone = captured_case()
     mech = dict(tree_budget=8, tree_depth=4, tree_top_k=2, shared_budget=12, auto_off=True, prompt_admission=64)
     eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False, **mech), draft)
     eng.warmup()
