@@ -27,9 +27,9 @@ KINDS = {  # the round each engine runs: AR, a chain, a best-first tree, co-loca
 }
 
 
-def _engine(kind: str, target=None):
+def _engine(kind: str, target=None, rows: int = 4):
     target = target if target is not None else tiny_model("tiny-llama")
-    opts = EngineOptions(max_seq_len=256, max_batch_size=4, device="cpu", dtype="float32", **KINDS[kind])
+    opts = EngineOptions(max_seq_len=256, max_batch_size=rows, device="cpu", dtype="float32", **KINDS[kind])
     return Engine(target, WordTokenizer(), opts, target.truncated(2) if kind != "ar" else None)
 
 
@@ -72,7 +72,7 @@ def test_poisoned_request_fails_alone_in_generate_and_stream(kind, poison):
 
 def test_a_prefill_that_fails_only_with_one_request_fails_it_alone():
     # Something no check catches breaks the shared prefill whenever one prompt is in it: the prompts are
-    # prefilled again one at a time (in the rows they were given), and only that one fails.
+    # prefilled again in halves (in the rows they were given) down to that one, and only that one fails.
     eng = _engine("chain")
     ps = prompts([5, 9, 4, 7], eng.target.cfg.vocab_size, seed=3)
     alone = [eng.generate([p], GOOD)[0].token_ids for p in ps]
@@ -86,9 +86,29 @@ def test_a_prefill_that_fails_only_with_one_request_fails_it_alone():
 
     eng.prefill_rows = prefill_rows
     res = eng.generate(ps, GOOD, raise_on_error=False)
-    assert calls == [[0, 1, 2, 3], [0], [1], [2], [3]]
+    assert calls == [[0, 1, 2, 3], [0, 1], [2, 3], [2], [3]]
     assert res[2].finish_reason == "error" and "simulated kernel failure" in res[2].error
     assert [r.token_ids for i, r in enumerate(res) if i != 2] == [a for i, a in enumerate(alone) if i != 2]
+
+
+def test_a_prefill_too_big_for_memory_is_split_in_halves_until_it_fits():
+    # A wave that fails only when more than two prompts share a prefill (out of memory, say): halves of halves
+    # until each fits, every request served, its tokens as alone.
+    eng = _engine("chain", rows=8)
+    ps = prompts([5, 9, 4, 7, 3, 8, 6, 2], eng.target.cfg.vocab_size, seed=5)
+    alone = [eng.generate([p], GOOD)[0].token_ids for p in ps]
+    real, calls = eng.prefill_rows, []
+
+    def prefill_rows(history, lens):
+        calls.append([b for b, n in enumerate(lens) if n])
+        if len(calls[-1]) > 2:
+            raise torch.cuda.OutOfMemoryError("simulated: the wave does not fit")
+        return real(history, lens)
+
+    eng.prefill_rows = prefill_rows
+    res = eng.generate(ps, GOOD)
+    assert calls == [list(range(8)), [0, 1, 2, 3], [0, 1], [2, 3], [4, 5, 6, 7], [4, 5], [6, 7]]
+    assert [r.token_ids for r in res] == alone
 
 
 @pytest.mark.parametrize("kind", ["ar", "chain"])

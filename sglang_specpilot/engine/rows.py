@@ -20,7 +20,7 @@ and prompt-lookup trees run the same ``Round.run`` eagerly.
 
 Failures are per row. Each request's own work at admission (its sampling parameters turned into tensors,
 its seed, its prompt written into ``history``) runs alone, so a request that breaks there fails by itself;
-if the shared prefill still fails, its requests are prefilled again one at a time, in the rows they were
+if the shared prefill still fails, its requests are prefilled again in halves (down to one), in the rows they were
 given. A round's result carries a per-row flag, computed on the device, for target logits that hold a NaN
 or inf (a corrupt checkpoint, say): that row fails with a clear error instead of emitting what its argmax
 made of them, its K/V is cleared before the row is reused, and the other rows go on. A failed request
@@ -207,7 +207,11 @@ class RowBatch:
             self.generator.manual_seed(req.params.seed)
 
     def _prefill(self, reqs: list[Request]) -> list[StreamEvent]:
-        """Prefill placed requests together; if that fails, each again alone, so only what fails alone fails."""
+        """Prefill placed requests together; if that fails, each half again (and so on down to one request),
+        so only what fails alone fails. Halves, not one at a time: a wave of 64 prompts that ran the H100 out
+        of memory in one prefill (lifted 8B, three engines in one process, 4910b6f) was then prefilled in 64
+        separate passes, 2.8 s of AR's 6.7 s part; halving needs two passes where half the wave fits, and
+        2 log2(n) to isolate one request that fails in any company."""
         if not reqs:
             return []
         try:
@@ -216,16 +220,17 @@ class RowBatch:
             if len(reqs) == 1:
                 return self._fail(reqs[0], f"the prefill failed: {type(e).__name__}: {e}")
             log.warning(
-                "a prefill of %d requests failed (%s: %s); prefilling them one at a time",
+                "a prefill of %d requests failed (%s: %s); prefilling them in halves",
                 len(reqs),
                 type(e).__name__,
                 e,
             )
-            events = []
-            for req in reqs:
-                if req.params.seed is not None:  # the failed attempt may have drawn from the generator
-                    self.generator.manual_seed(req.params.seed)
-                events += self._prefill([req])
+            events, mid = [], len(reqs) // 2
+            for part in (reqs[:mid], reqs[mid:]):
+                seeds = [r.params.seed for r in part if r.params.seed is not None]
+                if seeds:  # the failed attempt may have drawn from the generator: as admission seeded it
+                    self.generator.manual_seed(seeds[-1])
+                events += self._prefill(part)
             return events
 
     def _prefill_rows(self, reqs: list[Request]) -> list[StreamEvent]:
