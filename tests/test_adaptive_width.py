@@ -143,3 +143,20 @@ def test_greedy_output_unchanged_when_widths_change():
     m.round(eng.batch)
     text = m.render()
     assert f'specpilot_adaptive_width_choices_total{{how="chosen"}} {eng.policy.width_choices["chosen"]}' in text
+
+
+def test_a_width_probe_runs_its_tree_even_where_a_chain_wins():
+    # Chain kinds must not swallow adaptive width's probe of the widest tree, or the wider widths' estimates
+    # would never be refreshed while chains win.
+    eng = _engine(chain_depths=(2,))
+    pol, b, D = eng.policy, 4, eng.round.shape.depth
+    pol.auto_off.curve = _curve({"spec": 3.0, (D, 8): 2.0, (D, 4): 1.0, "chain2": 0.5}, b)
+    rows = [0, 1, 2, 3]
+    for r in rows:
+        pol.widths.est[r] = {(D, 16): 3.0, (D, 8): 2.8, (D, 4): 2.0}
+        pol.acc.observe(r, 3, D)
+        pol.chains.est[r] = {2: 2.5}
+    pol._narrow_rounds = pol.width_probe_every - 1  # the width probe is due after one more narrow round
+    keys = [pol.choose(rows, b) for _ in range(3)]
+    assert keys == ["chain2", None, "chain2"]  # the probe ran the widest tree, then the chain again
+    assert pol.width_choices["probe"] == 1 and pol.chain_rounds == {2: 2}

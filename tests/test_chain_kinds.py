@@ -26,8 +26,12 @@ def test_keys_runs_and_estimates():
     assert chain_depth("ar") is None and chain_depth((4, 8)) is None and chain_depth(3) is None
     assert greedy_run([0, 0, 2, 0], 4) == 2 and greedy_run([0, 0, 0], 2) == 2 and greedy_run([1, 0], 2) == 0
     est = ChainEstimates(3, (2, 4), alpha=0.5)
-    est.observe_tree(0, 3)  # three top-1 nodes: a chain of 2 emits 3 tokens, one of 4 at least 4
+    est.observe_tree(0, 3, 3, 4)  # a depth-4 tree's three accepted, all top-1: a chain of 2 emits 3, one of 4 >= 4
     assert est.tau([0], 2) == 3 and est.tau([0], 4) == 4 and est.tau([0, 1, 2], 2) is None
+    est.observe_tree(1, 2, 2, 2)  # a depth-2 tree showed nothing past depth 2: no estimate for a chain of 4
+    assert est.tau([1], 2) == 3 and est.tau([1], 4) is None
+    est.observe_tree(1, 1, 2, 2)  # left the top-1 line after one node: every chain accepts exactly one
+    assert est.tau([1], 2) == 2.5 and est.tau([1], 4) == 2
     est.observe_chain(0, 1, 2)  # a chain of 2 accepted 1: says nothing about depth 4
     assert est.tau([0], 2) == 2.5 and est.tau([0], 4) == 4
     est.observe_chain(0, 4, 4)
@@ -46,6 +50,12 @@ def test_keys_runs_and_estimates():
 def test_options_refuse_what_cannot_run(kw, needle):
     with pytest.raises(ValueError, match=needle):
         EngineOptions(device="cpu", **kw)
+
+
+def test_chain_kinds_need_a_draft_model():
+    target = tiny_model("tiny-llama")
+    with pytest.raises(ValueError, match="draft model"):
+        _engine(target, None, ngram_size=3, **TREE, auto_off=True, chain_depths=(2,))
 
 
 def test_chain_kinds_run_at_every_bucket_and_trees_write_the_top1_run():

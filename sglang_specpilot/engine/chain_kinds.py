@@ -60,10 +60,14 @@ class ChainEstimates(RowEstimates):
         super().__init__(rows, alpha)
         self.depths = depths
 
-    def observe_tree(self, row: int, greedy: int) -> None:
-        """A tree round whose first ``greedy`` accepted drafts were top-1 children (``Round.greedy_col``)."""
+    def observe_tree(self, row: int, greedy: int, accepted: int, depth: int) -> None:
+        """A tree round of ``depth`` that accepted ``accepted`` drafts, the first ``greedy`` of them top-1
+        children (``Round.greedy_col``). Where the path left the top-1 line (greedy < accepted) a chain of any
+        depth d accepts min(greedy, d); where it did not, that is a lower bound, kept only for d up to the
+        tree's depth (a deeper chain would draft past everything the tree could show)."""
         for d in self.depths:
-            self.update(row, d, min(greedy, d) + 1)
+            if greedy < accepted or d <= depth:
+                self.update(row, d, min(greedy, d) + 1)
 
     def observe_chain(self, row: int, accepted: int, depth: int) -> None:
         """A chain round of ``depth`` accepted ``accepted`` drafts: exact for every chain up to ``depth``."""

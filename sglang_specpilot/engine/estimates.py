@@ -12,7 +12,8 @@ from .acceptance import ALPHA
 # 4 requests, 4910b6f, batched_h100.json) a new row came every ~2 rounds, adaptive depth fell back to its rule
 # in 304 of 304 rounds, the chain-or-tree choice was unmeasured in 284 of 304, and the batch ran its narrowed
 # tree (12.5 ms at warm-up, 14.3 ms in the run) where stock's 10.7 ms chain served 1.16x its tokens per
-# second. Half: a lone new row (or one of two) still makes its batch speculate, which measures it.
+# second. Half: a batch of mostly new rows (a lone new row, say) still speculates, which measures them; in a
+# batch of two, the measured row decides.
 KNOWN_SHARE = 0.5
 
 

@@ -323,10 +323,12 @@ class Round:
         hist.scatter_(1, seq[:, None] + self._path, accepted)
         if self.rank_col is not None and parents is not None:  # the accepted nodes' ranks + 1 (adaptive_width)
             out[:, self.rank_col : self.rank_col + D] = path[:, 1:]
-        if child_rank is not None:
+        if child_rank is not None and bs.all_greedy:
             top1 = child_rank.gather(1, (path[:, 1:] - 1).clamp(min=0)) == 0  # [B, D]; padding past n
             live = self._path[1:] <= n[:, None]
             out[:, self.greedy_col] = (top1 & live).long().cumprod(1).sum(1)
+        elif child_rank is not None:  # sampled acceptance says nothing of what a greedy chain would accept
+            out[:, self.greedy_col] = -1
         out[:, :D] = accepted[:, 1:]
         out[:, D] = bonus
         out.scatter_(1, n[:, None], bonus[:, None])  # row layout: a_1 .. a_n, bonus

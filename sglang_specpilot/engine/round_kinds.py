@@ -69,15 +69,17 @@ def width_for(budget: int, shared: int | None, b: int) -> int:
     return next((w for w in ladder if b * w <= shared), ladder[-1])
 
 
-def width_shape(shape: RoundShape, w: int) -> RoundShape:
+def width_shape(shape: RoundShape, w: int, clamp_top_k: bool = True) -> RoundShape:
     """``shape`` verifying ``w`` nodes: a tree of w nodes reaches at most depth w, and expands at most w
     children a node. The best w nodes by path score form a prefix-closed tree, so each of them is among
     its parent's w best children and among the w best of its depth: expanding top_k > w children per
     depth drafts only nodes the tree cannot keep (the same tree up to ties), at top_k / w times the
     drafter's rows per depth: at bucket 32 under a 128-node budget (width 4, top-k 8), 256 rows a depth
     where 128 hold the same tree. On the H200 (lifted 8B, 2bcb6d1) that round, (6, 4), took 8.4 ms against
-    6.7 ms for stock's chain of 4 verifying as many rows."""
-    return replace(shape, budget=w, depth=min(shape.depth, w), top_k=min(shape.top_k, w))
+    6.7 ms for stock's chain of 3. A prompt-lookup tree's top_k counts continuations, not children (one may
+    add no node), so it is not clamped there (``clamp_top_k`` False)."""
+    top_k = min(shape.top_k, w) if clamp_top_k else shape.top_k
+    return replace(shape, budget=w, depth=min(shape.depth, w), top_k=top_k)
 
 
 def alternate_rounds(engine) -> dict:
@@ -96,7 +98,8 @@ def alternate_rounds(engine) -> dict:
     if opts.shared_budget is not None and not main.shape.chain:
         for d, shape in shapes.items():
             for w in widths_below(shape.budget):
-                kinds[(d, w)] = Round(main.target, main.draft, main.ngram, width_shape(shape, w))
+                shape_w = width_shape(shape, w, clamp_top_k=main.draft is not None)
+                kinds[(d, w)] = Round(main.target, main.draft, main.ngram, shape_w)
     for d in opts.chain_depths:
         kinds[chain_key(d)] = Round(main.target, main.draft, main.ngram, RoundShape(d, d, 1))
     return kinds
@@ -191,11 +194,13 @@ class SpecPolicy:
             depth = self._choose_depth(rows, b)
         key = kind_key(self.engine, depth, b)
         taus = [self.acc.off_tau(r) for r in rows]
-        width_taus = None
+        width_taus, width_probe = None, False
         if self.widths is not None:
+            probes = self.width_choices.get("probe", 0)
             key, width_taus = self._choose_width(rows, depth, b, key)
             taus = width_taus or taus
-        if self.chains is not None:
+            width_probe = self.width_choices.get("probe", 0) > probes
+        if self.chains is not None and not width_probe:  # a width probe must run its tree
             chain = self._choose_chain(rows, b, key, depth, width_taus)
             if chain is not None:
                 key, taus = chain
@@ -210,8 +215,10 @@ class SpecPolicy:
                 key = kind_key(self.engine, depth, b)
         self._depth = depth
         if chain_depth(key):
+            self._chain_run += 1  # chain rounds in a row, counted where one runs (not where auto-off ran AR)
             self.chain_rounds[chain_depth(key)] = self.chain_rounds.get(chain_depth(key), 0) + 1
             return key
+        self._chain_run = 0
         if isinstance(key, tuple):
             self.width_rounds[key[1]] = self.width_rounds.get(key[1], 0) + 1
         self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
@@ -258,7 +265,6 @@ class SpecPolicy:
         None: the tree runs. After ``probe_every`` chain rounds in a row the tree runs once (its estimates
         learn nothing from chains)."""
         if self._chain_run >= self.width_probe_every:
-            self._chain_run = 0
             self._count(self.chain_choices, "probe")
             return None
         if width_taus:
@@ -272,10 +278,8 @@ class SpecPolicy:
         cands = [(i, k) for i, k in enumerate(keys) if i == 0 or self._captured(k, b)]
         best = most_per_ms(cands, lambda i: taus[i], lambda k: self._ms(k, b))
         if not best:  # the tree: chosen, or some estimate or curve point is missing
-            self._chain_run = 0
             self._count(self.chain_choices, "tree" if best == 0 else "unmeasured")
             return None
-        self._chain_run += 1
         self._count(self.chain_choices, "chain")
         d = self.chain_depths[best - 1]
         return keys[best], [self.chains.est[r].get(d) for r in rows]
@@ -314,8 +318,8 @@ class SpecPolicy:
             self.chains.observe_chain(row, tokens - 1, d)
             return
         col = self.engine.round.greedy_col
-        if self.chains is not None and col is not None and out_row is not None:
-            self.chains.observe_tree(row, out_row[col])
+        if self.chains is not None and col is not None and out_row is not None and out_row[col] >= 0:
+            self.chains.observe_tree(row, out_row[col], tokens - 1, d)
         self.acc.observe(row, tokens, d)
         if self.depth_est is not None:
             self.depth_est.observe(row, tokens, d)
