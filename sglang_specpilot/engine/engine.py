@@ -175,12 +175,12 @@ class Engine:
                 rnd.shared_budget = options.shared_budget if rnd.shape.depth else None
                 if options.adaptive_width:  # the accepted nodes' ranks, read back with the tokens
                     rnd.rank_col = shape.depth + 1
-        if options.chain_depths and self.draft_runner is None:
-            raise ValueError(
-                "chain_depths needs a draft model: what a chain would accept is known from the drafter's top-1 "
-                "children (prompt-lookup trees have none)"
-            )
         if options.chain_depths:  # what a chain would have accepted
+            if self.draft_runner is None:
+                raise ValueError(
+                    "chain_depths needs a draft model: what a chain would accept is known from the drafter's top-1 "
+                    "children (prompt-lookup trees have none)"
+                )
             col = self.state.out.shape[1] - 3
             for rnd in (self.round, *self.kinds.values()):
                 rnd.greedy_col = col if rnd.shape.depth and not rnd.shape.chain else None

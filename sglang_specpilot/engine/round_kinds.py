@@ -178,7 +178,6 @@ class SpecPolicy:
         # Chain kinds (``chain_kinds``): what each chain would have emitted per row, the rounds run at each
         # chain depth, how each round chose between tree and chains (chain / tree / probe / unmeasured), and
         # the chain rounds in a row since the tree last ran.
-        self.chain_depths = opts.chain_depths
         self.chains = ChainEstimates(opts.max_batch_size, opts.chain_depths) if opts.chain_depths else None
         self.chain_rounds: dict[int, int] = {}
         self.chain_choices: dict[str, int] = {}
@@ -196,10 +195,8 @@ class SpecPolicy:
         taus = [self.acc.off_tau(r) for r in rows]
         width_taus, width_probe = None, False
         if self.widths is not None:
-            probes = self.width_choices.get("probe", 0)
-            key, width_taus = self._choose_width(rows, depth, b, key)
+            key, width_taus, width_probe = self._choose_width(rows, depth, b, key)
             taus = width_taus or taus
-            width_probe = self.width_choices.get("probe", 0) > probes
         if self.chains is not None and not width_probe:  # a width probe must run its tree
             chain = self._choose_chain(rows, b, key, depth, width_taus)
             if chain is not None:
@@ -214,9 +211,10 @@ class SpecPolicy:
                 depth = self.main_depth
                 key = kind_key(self.engine, depth, b)
         self._depth = depth
-        if chain_depth(key):
+        chain = chain_depth(key)
+        if chain:
             self._chain_run += 1  # chain rounds in a row, counted where one runs (not where auto-off ran AR)
-            self.chain_rounds[chain_depth(key)] = self.chain_rounds.get(chain_depth(key), 0) + 1
+            self.chain_rounds[chain] = self.chain_rounds.get(chain, 0) + 1
             return key
         self._chain_run = 0
         if isinstance(key, tuple):
@@ -241,23 +239,24 @@ class SpecPolicy:
         return depth
 
     def _choose_width(self, rows: list[int], depth: int, b: int, default):
-        """(kind key, its rows' estimated tokens or None) for the round at ``depth``: the width with the most
-        estimated tokens per ms (``adaptive_width``), the widest every ``width_probe_every`` narrower rounds."""
+        """(kind key, its rows' estimated tokens or None, whether it is a probe) for the round at ``depth``: the
+        width with the most estimated tokens per ms (``adaptive_width``), the widest every ``width_probe_every``
+        narrower rounds (a probe, which must run its tree)."""
         cands = [(w, k) for w, k in width_keys(self.engine, depth, b) if self._captured(k, b)]
         if len(cands) < 2:
-            return default, None
+            return default, None, False
         if self._narrow_rounds >= self.width_probe_every:
             self._narrow_rounds = 0
             self._count(self.width_choices, "probe")
-            return cands[0][1], None
+            return cands[0][1], None, True
         w = best_width(cands, lambda w: self.widths.tau(rows, depth, w), lambda k: self._ms(k, b))
         if w is None:
             self._count(self.width_choices, "widest")
-            return cands[0][1], None
+            return cands[0][1], None, False
         self._count(self.width_choices, "chosen")
         self._narrow_rounds = self._narrow_rounds + 1 if w != cands[0][0] else 0
         key = dict(cands)[w]
-        return key, [self.widths.est[r].get((depth, w)) for r in rows]
+        return key, [self.widths.est[r].get((depth, w)) for r in rows], False
 
     def _choose_chain(self, rows: list[int], b: int, tree_key, depth: int, width_taus):
         """(chain kind key, its rows' estimated tokens) where a chain kind promises more tokens per ms at bucket
@@ -273,15 +272,16 @@ class SpecPolicy:
             tree_tau = self.depth_est.tau(rows, depth)
         else:
             tree_tau = known_mean([self.acc.tokens[r] for r in rows])
-        keys = [tree_key] + [chain_key(d) for d in self.chain_depths]
-        taus = [tree_tau] + [self.chains.tau(rows, d) for d in self.chain_depths]
+        depths = self.chains.depths
+        keys = [tree_key] + [chain_key(d) for d in depths]
+        taus = [tree_tau] + [self.chains.tau(rows, d) for d in depths]
         cands = [(i, k) for i, k in enumerate(keys) if i == 0 or self._captured(k, b)]
         best = most_per_ms(cands, lambda i: taus[i], lambda k: self._ms(k, b))
         if not best:  # the tree: chosen, or some estimate or curve point is missing
             self._count(self.chain_choices, "tree" if best == 0 else "unmeasured")
             return None
         self._count(self.chain_choices, "chain")
-        d = self.chain_depths[best - 1]
+        d = depths[best - 1]
         return keys[best], [self.chains.est[r].get(d) for r in rows]
 
     def _captured(self, key, b: int) -> bool:
