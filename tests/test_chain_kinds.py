@@ -147,6 +147,30 @@ def test_the_policy_picks_the_most_tokens_per_ms_and_probes_the_tree():
     assert p.choose(rows, 2) is None and p.chain_choices["unmeasured"] == 1
 
 
+def test_a_chains_fast_dip_does_not_switch_off_while_the_trees_slow_estimate_wins():
+    """Automatic off with a chain chosen: the chain's fast estimate alone would lose to AR, but switching off
+    also needs the tree's slow estimate (``Acceptance.off_tau``) to lose. Without the tree as an alternative
+    this round would be AR."""
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, target.truncated(2), **TREE, auto_off=True, chain_depths=(2,))
+    eng.policy.auto_off.curve = StepCurve()
+    _planted(eng, {None: 4.0, "chain2": 2.0})  # AR 2 ms: the tree needs > 2 tokens, the chain > 1
+    p, rows = eng.policy, [0, 1]
+    for r in rows:
+        for _ in range(20):
+            p.acc.observe(r, 4, 4)  # long at 4 tokens a tree round
+        p.acc.observe(r, 1, 4)  # then one bad round: the fast EMA drops, the slow one hardly
+        p.chains.update(r, 2, 0.9)  # the chain's fast estimate: 0.9 tokens, a loss against AR
+    assert p.acc.off_tau(0) > 2.0
+    # The chain still wins tokens per ms against the tree's fast depth estimate (none: acc.tokens decides).
+    for r in rows:
+        p.acc.tokens[r] = 1.5
+    assert p.choose(rows, 2) == "chain2" and p.decisions == {"spec": 1}
+    for r in rows:  # the slow estimate loses too: now the batch switches off
+        p.acc.slow[r] = 1.5
+    assert p.choose(rows, 2) == "ar"
+
+
 @pytest.mark.parametrize("chain_ms", [0.5, 50.0])
 def test_greedy_with_chain_kinds_equals_ar(chain_ms):
     target = tiny_model("tiny-llama")

@@ -43,16 +43,23 @@ class AutoOff:
         self._gap = self.probe_every  # the gap before the next probe after this one
         self._next = self.probe_every  # the off round that probes next
 
-    def decide(self, taus: list[float | None], b: int, kind="spec") -> str:
-        """SPEC, AR or PROBE for the next round of bucket ``b`` whose rows in use have ``taus``;
-        UNMEASURED (speculate) when the curve lacks the kinds or too few rows have an estimate yet."""
+    def decide(self, taus: list[float | None], b: int, kind="spec", alts=()) -> str:
+        """SPEC, AR or PROBE for the next round of bucket ``b`` whose rows in use have ``taus`` at ``kind``;
+        UNMEASURED (speculate) when the curve lacks the kinds or too few rows have an estimate yet.
+        ``alts``: more (taus, kind) candidates; the batch speculates where any of them predicts a gain. The
+        policy passes its tree with the slow-EMA taus (``Acceptance.off_tau``) beside a chain or a narrowed
+        tree chosen on fast estimates, so switching off always needs the slow evidence."""
         if self.curve is None or not (self.curve.has("ar") and self.curve.has(kind)):
             return UNMEASURED
         tau = known_mean(taus)
         if tau is None:  # too few rows measured yet (``estimates.KNOWN_SHARE``): speculate, which measures them
             self._restart()
             return UNMEASURED
-        s = cost_model(tau, self.curve.ms(kind, b), self.curve.ms("ar", b))["predicted_speedup"]
+        s = self._speedup(tau, kind, b)
+        for alt_taus, alt_kind in alts:
+            alt_tau = known_mean(alt_taus)
+            if alt_tau is not None and self.curve.has(alt_kind):
+                s = max(s, self._speedup(alt_tau, alt_kind, b))
         self.last_speedup = s
         if s > 1.0:
             self._restart()
@@ -63,3 +70,6 @@ class AutoOff:
         self._gap = min(2 * self._gap, self.max_backoff * self.probe_every)
         self._next = self._off + self._gap
         return PROBE
+
+    def _speedup(self, tau: float, kind, b: int) -> float:
+        return cost_model(tau, self.curve.ms(kind, b), self.curve.ms("ar", b))["predicted_speedup"]
