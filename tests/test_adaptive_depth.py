@@ -144,6 +144,29 @@ def test_policy_picks_the_cost_optimal_depth():
     assert pol.choose(rows, b) is None and pol.depth_choices["rule"] == 2
 
 
+def test_a_shallow_stretch_probes_the_main_depth():
+    """After ``probe_every`` rounds in a row chosen below the main depth, the main depth runs once, so its
+    estimates (which shallower rounds never refresh) are measured again; a chain kind does not take the
+    probe's place."""
+    target = tiny_model("tiny-llama")
+    opts = dict(max_seq_len=320, max_batch_size=4, device="cpu", dtype="float32", tree_budget=8, tree_depth=6)
+    opts |= dict(tree_top_k=2, adaptive_depths=(3,), auto_off=True, auto_off_curve=((1, 1.0, 1.5),))
+    eng = Engine(target, WordTokenizer(), EngineOptions(**opts, chain_depths=(2,)), target.truncated(1))
+    pol, b, rows = eng.policy, 2, [0, 1]
+    pol.auto_off.curve = _curve(b, {"spec": 9.0, 3: 4.0, "chain2": 4.5, "ar": 2.0})
+    for r in rows:  # accepted 2 at depth 6: 3 tokens at either depth, so depth 3 (the cheaper) wins
+        pol.observe(r, 3, None)
+        pol.chains.update(r, 2, 1.0)  # a chain of 2 that would lose to the tree of 3
+    every = pol.width_probe_every
+    assert [pol.choose(rows, b) for _ in range(every)] == [3] * every
+    assert pol.choose(rows, b) is None  # the probe: the main depth, not a chain
+    assert pol.depth_choices == {"chosen": every, "probe": 1}
+    assert pol.depth_rounds == {3: every, 6: 1}
+    for r in rows:
+        pol.chains.est[r][2] = 5.0  # now the chain wins: it runs where no probe is due
+    assert pol.choose(rows, b) == "chain2"
+
+
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_cost_chosen_depths_keep_output_exact(shape):
     """With a step curve that measures every depth, the batch runs the depth with the most tokens per ms

@@ -19,7 +19,8 @@ client, 2bcb6d1) the rule ran 149 of 385 rounds at depth 3 or 4, which saved 0.5
 (6.56 ms at depth 6, 6.08 at 4, 5.82 at 3), and the batch (automatic off's AR rounds included) emitted 2.79
 tokens a round against plain depth 6's 3.24 and served 432 tok/s against 468. A row capped at the depth
 it ran still lifts the batch to the next depth up, since its estimates above that depth are stale lower
-bounds.
+bounds; and after ``probe_every`` rounds in a row below the main depth the main depth runs once, which
+refreshes the estimates no shallower round can (``SpecPolicy._choose_depth``).
 """
 
 from __future__ import annotations

@@ -170,6 +170,7 @@ class SpecPolicy:
         self.shared_rounds = 0  # rounds run under the shared node budget (``shared_budget``)
         self.width_rounds: dict[int, int] = {}  # narrowed verify blocks: rounds run at each width
         self._depth: int | None = None
+        self._shallow_run = 0  # rounds in a row chosen below the main depth (adaptive depth's probe)
         # Adaptive width: tokens per round by (depth, width), and rounds since the widest last ran.
         self.widths = WidthEstimates(opts.max_batch_size) if opts.adaptive_width else None
         self.width_probe_every = opts.auto_off_probe_every
@@ -188,16 +189,16 @@ class SpecPolicy:
         return self.adaptive or self.auto_off is not None
 
     def choose(self, rows: list[int], b: int):
-        depth = self.main_depth
+        depth, depth_probe = self.main_depth, False
         if self.adaptive:
-            depth = self._choose_depth(rows, b)
+            depth, depth_probe = self._choose_depth(rows, b)
         key = tree_key = kind_key(self.engine, depth, b)
         taus = off_taus = [self.acc.off_tau(r) for r in rows]
         width_taus, width_probe = None, False
         if self.widths is not None:
             key, width_taus, width_probe = self._choose_width(rows, depth, b, key)
             taus = width_taus or taus
-        if self.chains is not None and not width_probe:  # a width probe must run its tree
+        if self.chains is not None and not (width_probe or depth_probe):  # a probe must run its tree
             chain = self._choose_chain(rows, b, key, depth, width_taus)
             if chain is not None:
                 key, taus = chain
@@ -213,8 +214,10 @@ class SpecPolicy:
             if decision == AR:
                 return "ar"
             if decision == PROBE:  # a probe measures at full depth: what the drafter can do now
-                depth = self.main_depth
-                key = kind_key(self.engine, depth, b)
+                depth_probe = True
+        if depth_probe:  # automatic off's probe or adaptive depth's: the main depth's tree
+            depth = self.main_depth
+            key = kind_key(self.engine, depth, b)
         self._depth = depth
         chain = chain_depth(key)
         if chain:
@@ -228,20 +231,30 @@ class SpecPolicy:
         self.shared_rounds += self.shared
         return key
 
-    def _choose_depth(self, rows: list[int], b: int) -> int:
-        """The draft depth with the most estimated tokens per ms at bucket ``b`` (``best_depth``), at least the
-        depth above the last one where a row was capped; ``batch_depth``'s rule where any is unmeasured."""
+    def _choose_depth(self, rows: list[int], b: int) -> tuple[int, bool]:
+        """(depth, probe): the draft depth with the most estimated tokens per ms at bucket ``b`` (``best_depth``),
+        at least the depth above the last one where a row was capped; ``batch_depth``'s rule where any is
+        unmeasured. ``probe``: the main depth's turn (below) is due; the depth is still the best one, on which
+        automatic off decides."""
         cands = [(d, kind_key(self.engine, d, b)) for d in self.depths]
-        depth = best_depth(cands, lambda d: self.depth_est.tau(rows, d), lambda k: self._ms(k, b))
+        depth = best = best_depth(cands, lambda d: self.depth_est.tau(rows, d), lambda k: self._ms(k, b))
         if depth is None:
             self._count(self.depth_choices, "rule")
-            return batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
+            rule = batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
+            return rule, False
+        how = "chosen"
         if self._depth is not None and any(self.acc.capped[r] for r in rows):
-            lifted = max(depth, next_depth(self.depths, self._depth))
-            self._count(self.depth_choices, "capped" if lifted != depth else "chosen")
-            return lifted
-        self._count(self.depth_choices, "chosen")
-        return depth
+            depth = max(depth, next_depth(self.depths, self._depth))
+            how = "capped" if depth != best else how
+        # A shallower round refreshes no deeper estimate, so a batch that turned shallow in a bad stretch would
+        # stay there until a row caps: after ``probe_every`` rounds in a row below the main depth, the main
+        # depth runs once (as chain kinds and adaptive width probe their tree).
+        self._shallow_run = self._shallow_run + 1 if depth < self.main_depth else 0
+        probe = self._shallow_run > self.width_probe_every
+        if probe:
+            self._shallow_run, how = 0, "probe"
+        self._count(self.depth_choices, how)
+        return depth, probe
 
     def _choose_width(self, rows: list[int], depth: int, b: int, default):
         """(kind key, its rows' estimated tokens or None, whether it is a probe) for the round at ``depth``: the
