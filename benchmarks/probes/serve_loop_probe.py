@@ -6,7 +6,10 @@ while their rows accepted 2.89 tokens a round and the captured narrowed round re
 AR's 6.4 (its step curve): 250 rounds in 5.0 s is 20 ms a round. This splits the wall into
 ``RowBatch.step`` (a round launched, the one before it read back) by the kind it launched and whether it
 carried prompts, and ``RowBatch.admit`` (separate prefills: their one sync), and counts the rows each round
-ran for, so the lost time can be told apart: longer rounds, prefills, rows left idle, or the host.
+ran for, so the lost time can be told apart: longer rounds, prefills, rows left idle, or the host. An admission's
+host time includes waiting for the round in flight (its first tokens are the prefill's one sync), so each
+``Engine.prefill_rows`` is also timed on the stream (CUDA events) by its path: packed in a captured graph,
+packed eagerly, or padded over the bucket's rows.
 
     python benchmarks/probes/serve_loop_probe.py -- <bench batched arguments>
 
@@ -20,10 +23,14 @@ import sys
 import time
 from collections import defaultdict
 
+import torch
+
+from sglang_specpilot.engine import engine as engine_mod
 from sglang_specpilot.engine import rows as rows_mod
 
 LOG: list[dict] = []
 _step, _admit, _launch = rows_mod.RowBatch.step, rows_mod.RowBatch.admit, rows_mod.RowBatch._launch
+_prefill_rows = engine_mod.Engine.prefill_rows
 
 
 def launch(self):
@@ -49,10 +56,47 @@ def admit(self, reqs):
     return out
 
 
+def prefill_rows(self, history, lens):
+    """``Engine.prefill_rows`` with its path (packed in a graph, packed eager, padded) and its stream time
+    (CUDA events around it: the prefill's GPU work plus any launch gaps, not the in-flight round before it)."""
+    from sglang_specpilot.engine.packed_prefill import worth_packing
+
+    new = [n for n in lens if n > 0]
+    path = "padded"
+    if worth_packing(self, lens):
+        g = self.packed_graphs
+        path = "packed graph" if g is not None and g.key(len(lens), len(new), max(new)) in g else "packed eager"
+    ev = None
+    if torch.cuda.is_available():
+        ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        ev[0].record()
+    t0 = time.perf_counter()
+    out = _prefill_rows(self, history, lens)
+    if ev is not None:
+        ev[1].record()
+    LOG.append({"what": "prefill", "s": 0.0, "host_s": time.perf_counter() - t0, "t": t0, "path": path,
+                "rows": len(lens), "new": len(new), "longest": max(new), "ev": ev})  # fmt: skip
+    return out
+
+
+def prefills(log: list[dict]) -> dict:
+    """Per prefill path: calls, new rows, median longest prompt, median and summed stream ms."""
+    by = defaultdict(list)
+    for e in log:
+        if e["what"] == "prefill":
+            ms = e["ev"][0].elapsed_time(e["ev"][1]) if e["ev"] is not None else 1e3 * e["host_s"]
+            by[f"{e['path']} @{e['rows']}"].append((ms, e["new"], e["longest"]))
+    return {
+        k: {"n": len(v), "new": sum(x[1] for x in v), "longest_median": statistics.median(x[2] for x in v),
+            "median_ms": statistics.median(x[0] for x in v), "sum_s": sum(x[0] for x in v) / 1e3}
+        for k, v in by.items()
+    }  # fmt: skip
+
+
 def summarize(log: list[dict]) -> dict:
     steps = [e for e in log if e["what"] == "step"]
     admits = [e for e in log if e["what"] == "admit"]
-    wall = (log[-1]["t"] + log[-1]["s"] - log[0]["t"]) if log else 0.0
+    wall = (max(e["t"] + e["s"] for e in log) - min(e["t"] for e in log)) if log else 0.0
     by_kind = defaultdict(list)
     for e in steps:
         by_kind[e["kind"] + (" +riders" if e["riders"] else "")].append(e)
@@ -71,11 +115,13 @@ def summarize(log: list[dict]) -> dict:
         "rounds": len(steps),
         "rows_per_round": statistics.mean(e["rows"] for e in steps) if steps else 0.0,
         "by_kind": kinds,
+        "prefills": prefills(log),
     }
 
 
 def main() -> None:
     rows_mod.RowBatch.step, rows_mod.RowBatch.admit, rows_mod.RowBatch._launch = step, admit, launch
+    engine_mod.Engine.prefill_rows = prefill_rows
     argv = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []
     from sglang_specpilot.suites import batched as batched_mod
 
@@ -106,6 +152,9 @@ def main() -> None:
         for k, v in sorted(s["by_kind"].items(), key=lambda kv: -kv[1]["sum_s"]):
             print(f"   {k:22} n {v['n']:5}  sum {v['sum_s']:6.2f} s  median {v['median_ms']:6.2f} ms  "
                   f"rows {v['rows_mean']:.1f}")  # fmt: skip
+        for k, v in sorted(s["prefills"].items(), key=lambda kv: -kv[1]["sum_s"]):
+            print(f"   prefill {k:16} n {v['n']:4}  new {v['new']:4}  longest~{v['longest_median']:5.0f}  "
+                  f"median {v['median_ms']:6.2f} ms  sum {v['sum_s']:6.2f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
