@@ -8,6 +8,7 @@ from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
 from sglang_specpilot.engine.acceptance import ALPHA
 from sglang_specpilot.engine.adaptive_depth import DepthEstimates, batch_depth, best_depth, wanted_depth
+from sglang_specpilot.engine.estimates import SWITCH_MARGIN, most_per_ms, switch_margin
 from sglang_specpilot.engine.step_curve import StepCurve
 from sglang_specpilot.server.metrics import Metrics
 
@@ -124,9 +125,14 @@ def test_policy_picks_the_cost_optimal_depth():
     pol.auto_off.curve = _curve(b, h200)
     pol.observe(0, 5, None)  # accepted 4 at depth 6: estimates 4 / 5 / 5 at depths 3 / 4 / 6
     pol.observe(1, 3, None)  # accepted 2: 3 / 3 / 3
-    # Mean tokens 3.5 / 4 / 4: per ms 0.601 at depth 3, 0.658 at 4, 0.610 at 6.
+    # Mean tokens 3.5 / 4 / 4: per ms 0.601 at depth 3, 0.658 at 4, 0.610 at 6. Depth 4 promises 7.9% more
+    # than the configured depth, inside two rows' margin (``estimates.switch_margin``, 10.6%): depth 6 stays.
+    assert switch_margin(2) == pytest.approx(0.106, abs=1e-3)
+    assert pol.choose(rows, b) is None
+    cheap4 = h200 | {4: 5.5}  # 0.727 at depth 4: 19% more, past the margin
+    pol.auto_off.curve = _curve(b, cheap4)
     assert pol.choose(rows, b) == 4
-    assert pol.depth_choices == {"chosen": 1}
+    assert pol.depth_choices == {"chosen": 2}
     pol.observe(0, 5, 4)  # capped at depth 4: depth 6 may accept more, so the batch goes one deeper
     assert pol.choose(rows, b) is None and pol.depth_choices["capped"] == 1
     pol.acc.capped[0] = False
@@ -134,14 +140,27 @@ def test_policy_picks_the_cost_optimal_depth():
     assert pol.choose(rows, b) is None
     pol.auto_off.curve = _curve(b, h200 | {3: 4.0})  # 0.875 at depth 3
     assert pol.choose(rows, b) == 3
-    assert pol.depth_choices == {"chosen": 3, "capped": 1}
+    assert pol.depth_choices == {"chosen": 4, "capped": 1}
     pol.auto_off.curve = _curve(b, {k: v for k, v in h200.items() if k != 4})  # depth 4 not measured
     assert pol.choose(rows, b) is None and pol.depth_choices["rule"] == 1  # the rule: 4 accepted + 2 -> 6
-    pol.auto_off.curve = _curve(b, h200)
-    pol.forget(1)  # one of two rows without estimates: the other decides
+    pol.auto_off.curve = _curve(b, cheap4)
+    pol.forget(1)  # one of two rows without estimates: the other decides (5 / 5.5 against 5 / 6.56)
     assert pol.choose(rows, b) == 4 and pol.depth_choices["rule"] == 1
     pol.forget(0)  # none estimated: the rule (which drafts deepest to measure them)
     assert pol.choose(rows, b) is None and pol.depth_choices["rule"] == 2
+
+
+def test_a_non_default_choice_must_clear_a_margin_that_shrinks_with_rows():
+    """``most_per_ms`` keeps its first candidate (the configured round) unless another promises more tokens per
+    ms by more than the margin; the margin is ``SWITCH_MARGIN`` at one row and falls as 1 / sqrt(rows)."""
+    cands = [(6, "deep"), (3, "shallow")]
+    tau = {6: 3.0, 3: 2.7}.get
+    ms = {"deep": 6.0, "shallow": 5.0}.get  # 0.54 against 0.50 tokens per ms: 8% more for the shallow round
+    assert most_per_ms(cands, tau, ms) == 3
+    assert most_per_ms(cands, tau, ms, switch_margin(1)) == 6  # one row: inside 15%
+    assert most_per_ms(cands, tau, ms, switch_margin(16)) == 3  # 16 rows: past 3.75%
+    assert switch_margin(1) == SWITCH_MARGIN and switch_margin(64) == pytest.approx(SWITCH_MARGIN / 8)
+    assert most_per_ms(cands, {6: 3.0}.get, ms, 0.1) is None  # an estimate missing: the caller's default
 
 
 def test_a_shallow_stretch_probes_the_main_depth():

@@ -44,13 +44,34 @@ class RowEstimates:
         self.est[row] = {}
 
 
-def most_per_ms(candidates: list[tuple[int, object]], tau, ms) -> int | None:
+# How much more estimated tokens per ms a choice must promise than the default (the configured tree: full depth,
+# full width, no chain) to replace it, at one row; over n rows, this over sqrt(n). Why: each estimate is a
+# per-row EMA at ``ALPHA`` 0.3, whose spread is sqrt(0.3 / 1.7) = 0.42 of one round's, and a round's tokens
+# spread by about half their mean, so one row's estimates differ by ~20% on noise alone; the argmax of noisy
+# near-ties then leaves the default on noise. On the H200 (lifted 8B, one client, 1ed178a, batched_h200.json)
+# the batch ran a chain of 3 in 89 of 376 rounds (5.6 ms; stock's chain of 3 emitted 2.10 tokens a round in
+# the same run) where its tree rounds emitted about 3.1 (from the run's totals) in 6.65 ms, and the mechanisms
+# served 1.86x AR where plain trees had served 2.01x (2bcb6d1). Not tuned: it follows from ALPHA and that
+# spread; untimed.
+SWITCH_MARGIN = 0.15
+
+
+def switch_margin(rows: int) -> float:
+    """The margin a non-default choice must clear over ``rows`` rows (``SWITCH_MARGIN`` / sqrt(rows))."""
+    return SWITCH_MARGIN / max(rows, 1) ** 0.5
+
+
+def most_per_ms(candidates: list[tuple[int, object]], tau, ms, margin: float = 0.0) -> int | None:
     """The choice of ``candidates`` [(choice, kind key)] with the highest ``tau(choice) / ms(key)``; None when
-    any candidate lacks either (the caller keeps its default)."""
+    any candidate lacks either (the caller keeps its default). ``candidates[0]`` is the default: another
+    replaces it only where its tokens per ms exceed the default's by more than ``margin`` (a fraction)."""
     scored = []
     for c, key in candidates:
         t, m = tau(c), ms(key)
         if t is None or m is None or m <= 0:
             return None
         scored.append((t / m, c))
-    return max(scored)[1] if scored else None
+    if not scored:
+        return None
+    best = max(scored)
+    return best[1] if best[0] > scored[0][0] * (1 + margin) else scored[0][1]

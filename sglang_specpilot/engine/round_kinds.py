@@ -31,7 +31,7 @@ from .adaptive_depth import DepthEstimates, batch_depth, best_depth, next_depth
 from .adaptive_width import WidthEstimates, best_width
 from .auto_off import AR, PROBE, AutoOff
 from .chain_kinds import ChainEstimates, chain_depth, chain_key
-from .estimates import known_mean, most_per_ms
+from .estimates import known_mean, most_per_ms, switch_margin
 from .keepup_round import KeepUpARRound
 from .round import Round, RoundShape
 from .step_curve import StepCurve
@@ -236,8 +236,10 @@ class SpecPolicy:
         at least the depth above the last one where a row was capped; ``batch_depth``'s rule where any is
         unmeasured. ``probe``: the main depth's turn (below) is due; the depth is still the best one, on which
         automatic off decides."""
-        cands = [(d, kind_key(self.engine, d, b)) for d in self.depths]
-        depth = best = best_depth(cands, lambda d: self.depth_est.tau(rows, d), lambda k: self._ms(k, b))
+        order = [self.main_depth] + [d for d in self.depths if d != self.main_depth]  # the default first
+        cands = [(d, kind_key(self.engine, d, b)) for d in order]
+        tau = lambda d: self.depth_est.tau(rows, d)  # noqa: E731
+        depth = best = best_depth(cands, tau, lambda k: self._ms(k, b), switch_margin(len(rows)))
         if depth is None:
             self._count(self.depth_choices, "rule")
             rule = batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
@@ -267,7 +269,8 @@ class SpecPolicy:
             self._narrow_rounds = 0
             self._count(self.width_choices, "probe")
             return cands[0][1], None, True
-        w = best_width(cands, lambda w: self.widths.tau(rows, depth, w), lambda k: self._ms(k, b))
+        tau = lambda w: self.widths.tau(rows, depth, w)  # noqa: E731
+        w = best_width(cands, tau, lambda k: self._ms(k, b), switch_margin(len(rows)))
         if w is None:
             self._count(self.width_choices, "widest")
             return cands[0][1], None, False
@@ -294,7 +297,7 @@ class SpecPolicy:
         keys = [tree_key] + [chain_key(d) for d in depths]
         taus = [tree_tau] + [self.chains.tau(rows, d) for d in depths]
         cands = [(i, k) for i, k in enumerate(keys) if i == 0 or self._captured(k, b)]
-        best = most_per_ms(cands, lambda i: taus[i], lambda k: self._ms(k, b))
+        best = most_per_ms(cands, lambda i: taus[i], lambda k: self._ms(k, b), switch_margin(len(rows)))
         if not best:  # the tree: chosen, or some estimate or curve point is missing
             self._count(self.chain_choices, "tree" if best == 0 else "unmeasured")
             return None
