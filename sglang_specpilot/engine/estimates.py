@@ -48,7 +48,7 @@ class RowEstimates:
 # full width, no chain) to replace it, at one row; over n rows, this over sqrt(n). Why: each estimate is a
 # per-row EMA at ``ALPHA`` 0.3, whose spread is sqrt(0.3 / 1.7) = 0.42 of one round's, and a round's tokens
 # spread by about half their mean, so one row's estimates differ by ~20% on noise alone; the argmax of noisy
-# near-ties then leaves the default on noise. On the H200 (lifted 8B, one client, 1ed178a, batched_h200.json)
+# near-ties then leaves the default on noise. On the H200 (lifted 8B, one client, 1ed178a, batched_n1_1ed178a_h200.json)
 # the batch ran a chain of 3 in 89 of 376 rounds (5.6 ms; stock's chain of 3 emitted 2.10 tokens a round in
 # the same run) where its tree rounds emitted about 3.1 (from the run's totals) in 6.65 ms, and the mechanisms
 # served 1.86x AR where plain trees had served 2.01x (2bcb6d1). Not tuned: it follows from ALPHA and that

@@ -204,10 +204,9 @@ class SpecPolicy:
                 key, taus = chain
         if self.auto_off is not None:
             # A chain or a narrowed tree is chosen on fast estimates (``estimates.ALPHA``); switching off must
-            # also beat the tree on the slow one (``Acceptance.off_tau``): a false "off" lasts until a probe. On the
-            # H100 (lifted 8B, one client, 4910b6f) automatic off ran 32 of 361 rounds as AR (5.7 ms for one
-            # token, against 7.5-8.7 ms rounds that emitted 2.86), and where a chain was chosen its fast
-            # estimate alone decided.
+            # also beat the tree on the slow one (``Acceptance.off_tau``), as it must where the tree runs: a false
+            # "off" lasts until a probe. (At one client on the H200, 1ed178a, 32 of 376 rounds still ran as AR,
+            # in two stretches of 16: those came from the tree's own slow estimate, not from a chain's.)
             alts = [] if key == tree_key else [(off_taus, "spec" if tree_key is None else tree_key)]
             decision = self.auto_off.decide(taus, b, "spec" if key is None else key, alts)
             self.decisions[decision] = self.decisions.get(decision, 0) + 1
@@ -238,8 +237,9 @@ class SpecPolicy:
         automatic off decides."""
         order = [self.main_depth] + [d for d in self.depths if d != self.main_depth]  # the default first
         cands = [(d, kind_key(self.engine, d, b)) for d in order]
-        tau = lambda d: self.depth_est.tau(rows, d)  # noqa: E731
-        depth = best = best_depth(cands, tau, lambda k: self._ms(k, b), switch_margin(len(rows)))
+        depth = best = best_depth(
+            cands, lambda d: self.depth_est.tau(rows, d), lambda k: self._ms(k, b), switch_margin(len(rows))
+        )
         if depth is None:
             self._count(self.depth_choices, "rule")
             rule = batch_depth([(self.acc.tokens[r], self.acc.capped[r]) for r in rows], self.depths, self._depth)
@@ -269,8 +269,9 @@ class SpecPolicy:
             self._narrow_rounds = 0
             self._count(self.width_choices, "probe")
             return cands[0][1], None, True
-        tau = lambda w: self.widths.tau(rows, depth, w)  # noqa: E731
-        w = best_width(cands, tau, lambda k: self._ms(k, b), switch_margin(len(rows)))
+        w = best_width(
+            cands, lambda w: self.widths.tau(rows, depth, w), lambda k: self._ms(k, b), switch_margin(len(rows))
+        )
         if w is None:
             self._count(self.width_choices, "widest")
             return cands[0][1], None, False
