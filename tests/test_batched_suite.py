@@ -127,6 +127,9 @@ def test_forcing_rejects_outputs_that_are_not_ars(folders, tmp_path, monkeypatch
     doc = json.loads(run_suite("batched", argv).read_text())
     f = next(c for c in doc["cells"] if c["system"] == "stock")["forcing"]
     assert not f["accepted"] and f["mismatches"] > 0 and f["reasons"]
+    worst = f["worst"]  # the largest-margin mismatches, largest first, each with AR's argmax beside it
+    assert 0 < len(worst) <= 5 and all(w["token"] != w["argmax"] and w["large"] for w in worst)
+    assert [w["token_margin"] for w in worst] == sorted((w["token_margin"] for w in worst), reverse=True)
     assert doc["metrics"]["batched_forcing_all_accepted"] == 0
 
 

@@ -297,7 +297,8 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
         c = next(c for c in here if (c["system"], c["concurrency"]) == (system, n))
         c["forcing"] = {"tokens": rep.tokens, "mismatches": rep.mismatches, "large_margin": rep.large_margin,
                         "ar_mismatches": ar.mismatches, "ar_large_margin": ar.large_margin,
-                        "accepted": v.accepted, "reasons": v.reasons}  # fmt: skip
+                        "accepted": v.accepted, "reasons": v.reasons,
+                        "worst": worst_mismatches(rep, self.generations[(system, n)])}  # fmt: skip
 
     def finish(self) -> None:
         cells = self.out["cells"]  # the carried ones first, marked ``carried_from``
@@ -341,6 +342,31 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
         self.out["log"] = self.say.lines
         self.say(f"done: {self.out['metrics']}")
         return self.out
+
+
+# Mismatches a cell keeps in its file, largest token margin first: enough to tell a near-tie that kernel
+# rounding tipped from a wrong token (H100, 2ab09a6: one mismatch over the 0.5 eps at N = 32 that the file
+# could not explain, since it kept only the counts).
+WORST_KEPT = 5
+
+
+def worst_mismatches(rep, generations) -> list[dict]:
+    """The report's ``WORST_KEPT`` largest-margin mismatches: where (request, position, prompt length), the
+    token emitted and AR's argmax, and both margins (the token's below the max, and the top two's gap)."""
+    worst = sorted(rep.details, key=lambda m: -m.token_margin)[:WORST_KEPT]
+    return [
+        {
+            "sequence": m.sequence,
+            "position": m.position,
+            "n_prompt": len(generations[m.sequence][0]),
+            "token": m.token,
+            "argmax": m.argmax,
+            "token_margin": round(m.token_margin, 4),
+            "top_margin": round(m.top_margin, 4),
+            "large": m.large,
+        }
+        for m in worst
+    ]
 
 
 def _decisions(eng) -> dict:
