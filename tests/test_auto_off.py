@@ -34,7 +34,9 @@ def test_curve_interpolates_and_holds_flat_past_the_ends():
 def test_decision_rule_and_probes():
     off = AutoOff(StepCurve.from_triples(CURVE), probe_every=4)
     assert off.decide([3.0, 2.8], 2) == SPEC  # S = 2.9 / 2.5 > 1
-    assert off.decide([2.5], 1) == AR  # S = 1 exactly: not a gain
+    # AR must win by the switch margin (15% at one row, 15% / sqrt(2) at two): S = 0.9 keeps speculating.
+    assert off.decide([2.25], 1) == SPEC and off.decide([2.0, 2.1], 2) == AR  # S = 0.9; 0.82 < 0.894
+    assert off.decide([2.25], 1) == SPEC and off.decide([2.1], 1) == AR  # S = 0.84 < 0.85
     # Off since the round above: probes at off rounds 4, 12, 28, then every 32 (8 x probe_every).
     got = [off.decide([1.0], 1) for _ in range(2, 93)]
     assert [i + 2 for i, d in enumerate(got) if d == PROBE] == [4, 12, 28, 60, 92]
