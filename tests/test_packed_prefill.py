@@ -209,3 +209,19 @@ def test_captured_packed_prefill_equals_each_request_alone_gpu(kind, monkeypatch
     alone = [eng.generate([p], sp)[0].token_ids for p, sp in zip(ps, params, strict=True)]
     assert serve_one_at_a_time(eng, ps, params) == alone
     assert replays  # at least one admission replayed a packed graph
+
+
+def test_warm_up_skips_prefill_counts_past_the_batch():
+    """Warm-up's prefill shapes stop at the cache's rows: a count past ``max_batch_size`` (the batched suite
+    asks for 1 and 2 prompts whatever its concurrency) is no shape the engine meets, and ran off the cache
+    (an index error here, a device assert on the GPU at --concurrency 1)."""
+    eng = Engine(
+        tiny_model("tiny-llama"),
+        WordTokenizer(),
+        EngineOptions(max_seq_len=64, max_batch_size=1, device="cpu", dtype="float32"),
+    )
+    seen = []
+    real = eng._prefill_probe
+    eng._prefill_probe = lambda b, w, runners=None: (seen.append(b), real(b, w, runners))
+    eng._warm_prefill((1,), (1, 2))
+    assert seen and set(seen) == {1}

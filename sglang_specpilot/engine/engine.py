@@ -359,7 +359,10 @@ class Engine:
                 continue
             runner.capture_prefill = True
             try:
-                for b in batches if batches is not None else range(1, max(ladder) + 1):
+                # A prompt count past the cache's rows is no shape this engine meets (and would index past
+                # them: ``bench batched --concurrency 1`` asked for 2 at max_batch_size 1 and hit a device assert).
+                counts = batches if batches is not None else range(1, max(ladder) + 1)
+                for b in [b for b in counts if b <= self.options.max_batch_size]:
                     for w in widths:
                         self._prefill_probe(b, w, (runner,))
             finally:
