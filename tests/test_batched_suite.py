@@ -152,3 +152,41 @@ def test_plot_draws_measured_cells_only(tmp_path):
     assert "SpecPilot trees + batched mechanisms" in out
     with pytest.raises(SystemExit):
         plot.svg({"cells": []})
+
+
+def test_merge_batched_takes_each_n_from_one_file(tmp_path):
+    """``benchmarks/merge_batched.py``: each N's cells come from the one input that names it, the metrics are
+    recomputed over the merged grid, every cell names the commit its call carried, and an N two inputs give
+    is refused."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "merge_batched", Path(__file__).parents[1] / "benchmarks" / "merge_batched.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def doc(commit, tps):  # tps: {(system, n): tokens/s}
+        cells = [
+            cell(s, n, [{"tokens": 10, "ttft_s": 0.1, "itl_s": 0.01, "request_s": 1.0, "error": None}], 10 / t, None)
+            for (s, n), t in tps.items()
+        ]
+        rows = [{"case": "requests", "system": s, "concurrency": n, "requests": []} for s, n in tps]
+        return {"suite": "batched", "commit": commit, "date": commit, "command": commit, "gpu": "g", "cells": cells,
+                "rows": rows, "metrics": {"stale": 1}}  # fmt: skip
+
+    a = doc("c0", {("ar", 1): 100.0, ("stock", 1): 150.0, ("specpilot_batched", 1): 210.0, ("ar", 4): 1.0})
+    b = doc("c0", {("ar", 4): 300.0, ("stock", 4): 390.0, ("specpilot_batched", 4): 360.0, ("ar", 1): 1.0})
+    out = mod.merge([(a, [1], "c1"), (b, [4], "c2")])
+    m = out["metrics"]
+    assert "stale" not in m and m["batched_speedup_vs_ar_n1"] == 2.1 and m["batched_min_speedup_vs_ar"] == 1.2
+    assert m["batched_min_speedup_vs_stock"] == round(360 / 390, 3) and m["batched_min_speedup_vs_stock_at_n"] == 4
+    assert {(c["system"], c["concurrency"], c["measured_at"]) for c in out["cells"]} == {
+        ("ar", 1, "c1"), ("stock", 1, "c1"), ("specpilot_batched", 1, "c1"),
+        ("ar", 4, "c2"), ("stock", 4, "c2"), ("specpilot_batched", 4, "c2"),
+    }  # fmt: skip
+    assert out["commit"] == "c1,c2" and out["metric_commits"]["batched_tokens_per_s_ar_n4"] == "c2"
+    assert [r["concurrency"] for r in out["runs"]] == [[1], [4]] and out["runs"][0]["device_git_recorded"] == "c0"
+    with pytest.raises(SystemExit, match="N = 1"):
+        mod.merge([(a, [1], "c1"), (b, [1, 4], "c2")])
