@@ -87,6 +87,38 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", default=None, help="an earlier batched results file whose cells to carry over")
 
 
+def system_options(a: argparse.Namespace, concurrency: list[int], system: str) -> dict:
+    """EngineOptions keywords of one system at these parsed arguments (``_args``) and N: the suite's engines,
+    and ``probes/round_profile.py --systems batched`` (the same mechanisms' round kinds, profiled)."""
+    base = dict(
+        device=a.device,
+        dtype=a.dtype,
+        max_seq_len=a.max_seq_len,
+        max_batch_size=max(concurrency),
+        graph_batch_sizes=tuple(concurrency),
+        compile=False if a.no_compile else None,
+    )
+    n, d, k = parse_ints(a.tree)
+    tree = dict(tree_budget=n, tree_depth=d, tree_top_k=k)
+    return (
+        base
+        | {
+            "ar": {},
+            "stock": {"num_speculative_tokens": a.gamma},
+            "specpilot": tree,
+            "specpilot_batched": tree
+            | dict(
+                auto_off=True,
+                adaptive_depths=tuple(parse_ints(a.adaptive_depths)) if a.adaptive_depths else (),
+                shared_budget=a.shared_budget,
+                adaptive_width=a.adaptive_width,
+                prompt_admission=a.prompt_admission,
+                chain_depths=tuple(parse_ints(a.chain_depths)) if a.chain_depths else (),
+            ),
+        }[system]
+    )
+
+
 class _Run(RunLog):  # its own write(): the batched file carries no command line
     def __init__(self, args: argparse.Namespace):
         from ..harness.bench import default_run_dir, gpu_name, gpu_slug
@@ -128,34 +160,7 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
 
     # ---- models, prompts, engines ------------------------------------------------------------------
     def options(self, system: str) -> dict:
-        a = self.args
-        base = dict(
-            device=a.device,
-            dtype=a.dtype,
-            max_seq_len=a.max_seq_len,
-            max_batch_size=max(self.concurrency),
-            graph_batch_sizes=tuple(self.concurrency),
-            compile=False if a.no_compile else None,
-        )
-        n, d, k = parse_ints(a.tree)
-        tree = dict(tree_budget=n, tree_depth=d, tree_top_k=k)
-        return (
-            base
-            | {
-                "ar": {},
-                "stock": {"num_speculative_tokens": a.gamma},
-                "specpilot": tree,
-                "specpilot_batched": tree
-                | dict(
-                    auto_off=True,
-                    adaptive_depths=tuple(parse_ints(a.adaptive_depths)) if a.adaptive_depths else (),
-                    shared_budget=a.shared_budget,
-                    adaptive_width=a.adaptive_width,
-                    prompt_admission=a.prompt_admission,
-                    chain_depths=tuple(parse_ints(a.chain_depths)) if a.chain_depths else (),
-                ),
-            }[system]
-        )
+        return system_options(self.args, self.concurrency, system)
 
     def load(self) -> None:
         from ..config import EngineOptions
