@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from sglang_specpilot.suites.batched_results import readme_table, summarize
+
+sys.path.insert(0, str(Path(__file__).parent))
+from merge_results import write  # noqa: E402
 
 
 def merge(parts: list[tuple[dict, list[int], str]]) -> dict:
@@ -76,13 +80,7 @@ def main(argv=None) -> None:
         doc = json.loads(Path(path).read_text())
         parts.append((doc, [int(n) for n in ns.split(",")], carried.get(path, doc.get("commit"))))
     out = merge(parts)
-    out["attachments"] = {}
-    for x in a.attach:
-        name, path = x.split("=", 1)
-        out["attachments"][name] = json.loads(Path(path).read_text())
-    if a.note:
-        out["provenance_note"] = a.note
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    write(out, a.out, a.attach, a.note)
     print(json.dumps(out["metrics"], indent=1))
     print("incomplete:", out["incomplete"])
 

@@ -49,6 +49,18 @@ def merge(inputs: list[dict]) -> dict:
     return out
 
 
+def write(doc: dict, out: Path, attach: list[str], note: str | None) -> None:
+    """``doc`` to ``out`` with each ``NAME=PATH`` JSON document under ``attachments`` and the note recorded."""
+    if attach:
+        doc["attachments"] = {}
+        for item in attach:
+            name, path = item.split("=", 1)
+            doc["attachments"][name] = json.loads(Path(path).read_text())
+    if note:
+        doc["provenance_note"] = note
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
@@ -63,14 +75,7 @@ def main(argv=None) -> None:
         for item in a.log:
             name, path = item.split("=", 1)
             doc["logs"][name] = [ln.rstrip("\n") for ln in Path(path).read_text().splitlines() if ln.startswith("[")]
-    if a.attach:
-        doc["attachments"] = {}
-        for item in a.attach:
-            name, path = item.split("=", 1)
-            doc["attachments"][name] = json.loads(Path(path).read_text())
-    if a.note:
-        doc["provenance_note"] = a.note
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write(doc, a.out, a.attach, a.note)
     print(f"wrote {a.out}: {len(doc['metrics'])} metrics, {len(doc['rows'])} rows")
 
 
