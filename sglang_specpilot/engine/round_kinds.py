@@ -37,6 +37,20 @@ from .round import Round, RoundShape
 from .step_curve import StepCurve
 
 
+class Streak:
+    """Rounds in a row a choice left the configured tree (a shallower depth, a narrower width, a chain): a
+    left-out tree refreshes no estimate of its own, so after ``every`` of them it runs once (a probe)."""
+
+    def __init__(self, every: int):
+        self.every, self.n = every, 0
+
+    def due(self) -> bool:
+        return self.n >= self.every
+
+    def note(self, away: bool) -> None:
+        self.n = self.n + 1 if away else 0
+
+
 def depth_shape(shape: RoundShape, depth: int) -> RoundShape:
     """``shape`` drafted to ``depth``: a chain of that length, or a tree of that depth whose budget is
     cut to what its lattice holds."""
@@ -170,11 +184,11 @@ class SpecPolicy:
         self.shared_rounds = 0  # rounds run under the shared node budget (``shared_budget``)
         self.width_rounds: dict[int, int] = {}  # narrowed verify blocks: rounds run at each width
         self._depth: int | None = None
-        self._shallow_run = 0  # rounds in a row chosen below the main depth (adaptive depth's probe)
+        self._shallow = Streak(opts.auto_off_probe_every)  # rounds in a row below the main depth
         # Adaptive width: tokens per round by (depth, width), and rounds since the widest last ran.
         self.widths = WidthEstimates(opts.max_batch_size) if opts.adaptive_width else None
         self.width_probe_every = opts.auto_off_probe_every
-        self._narrow_rounds = 0
+        self._narrow = Streak(opts.auto_off_probe_every)  # rounds in a row narrower than the widest
         self.width_choices: dict[str, int] = {}  # adaptive width: chosen / widest (no estimate) / probe
         # Chain kinds (``chain_kinds``): what each chain would have emitted per row, the rounds run at each
         # chain depth, how each round chose between tree and chains (chain / tree / probe / unmeasured), and
@@ -182,7 +196,7 @@ class SpecPolicy:
         self.chains = ChainEstimates(opts.max_batch_size, opts.chain_depths) if opts.chain_depths else None
         self.chain_rounds: dict[int, int] = {}
         self.chain_choices: dict[str, int] = {}
-        self._chain_run = 0
+        self._chains = Streak(opts.auto_off_probe_every)  # chain rounds in a row (where one runs)
 
     @property
     def active(self) -> bool:
@@ -220,10 +234,10 @@ class SpecPolicy:
         self._depth = depth
         chain = chain_depth(key)
         if chain:
-            self._chain_run += 1  # chain rounds in a row, counted where one runs (not where auto-off ran AR)
+            self._chains.note(True)  # counted where a chain runs, not where automatic off ran AR
             self.chain_rounds[chain] = self.chain_rounds.get(chain, 0) + 1
             return key
-        self._chain_run = 0
+        self._chains.note(False)
         if isinstance(key, tuple):
             self.width_rounds[key[1]] = self.width_rounds.get(key[1], 0) + 1
         self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
@@ -251,10 +265,10 @@ class SpecPolicy:
         # A shallower round refreshes no deeper estimate, so a batch that turned shallow in a bad stretch would
         # stay there until a row caps: after ``probe_every`` rounds in a row below the main depth, the main
         # depth runs once (as chain kinds and adaptive width probe their tree).
-        self._shallow_run = self._shallow_run + 1 if depth < self.main_depth else 0
-        probe = self._shallow_run > self.width_probe_every
+        probe = depth < self.main_depth and self._shallow.due()
+        self._shallow.note(depth < self.main_depth and not probe)
         if probe:
-            self._shallow_run, how = 0, "probe"
+            how = "probe"
         self._count(self.depth_choices, how)
         return depth, probe
 
@@ -265,8 +279,8 @@ class SpecPolicy:
         cands = [(w, k) for w, k in width_keys(self.engine, depth, b) if self._captured(k, b)]
         if len(cands) < 2:
             return default, None, False
-        if self._narrow_rounds >= self.width_probe_every:
-            self._narrow_rounds = 0
+        if self._narrow.due():
+            self._narrow.note(False)
             self._count(self.width_choices, "probe")
             return cands[0][1], None, True
         w = best_width(
@@ -276,7 +290,7 @@ class SpecPolicy:
             self._count(self.width_choices, "widest")
             return cands[0][1], None, False
         self._count(self.width_choices, "chosen")
-        self._narrow_rounds = self._narrow_rounds + 1 if w != cands[0][0] else 0
+        self._narrow.note(w != cands[0][0])
         key = dict(cands)[w]
         return key, [self.widths.est[r].get((depth, w)) for r in rows], False
 
@@ -285,7 +299,7 @@ class SpecPolicy:
         ``b`` than the tree kind ``tree_key`` (at ``depth``; ``width_taus``: its rows' width estimates), else
         None: the tree runs. After ``probe_every`` chain rounds in a row the tree runs once (its estimates
         learn nothing from chains)."""
-        if self._chain_run >= self.width_probe_every:
+        if self._chains.due():
             self._count(self.chain_choices, "probe")
             return None
         if width_taus:
