@@ -225,3 +225,51 @@ def test_warm_up_skips_prefill_counts_past_the_batch():
     eng._prefill_probe = lambda b, w, runners=None: (seen.append(b), real(b, w, runners))
     eng._warm_prefill((1,), (1, 2))
     assert seen and set(seen) == {1}
+
+
+def test_a_wave_of_mixed_lengths_packs_by_width_tier(monkeypatch):
+    """A wave whose padded prefill would run at least twice the slots of its width tiers packs them in one
+    pass (``worth_tiering``), one tier per power-of-two width; a wave of like lengths, a lone prompt, or a
+    small batch that replays its padded graph on CUDA does not."""
+    eng = _engine("layer", max_batch=8)
+    chunk = eng.options.prefill_chunk
+    assert pp.width_tiers([0, 70, 5, 200, 64, 0], chunk) == [[2, 4], [1], [3]]
+    assert pp.worth_tiering(eng, [200, 5, 6, 7])  # 4 x 200 slots padded, 3 x 16 + 200 tiered
+    assert not pp.worth_tiering(eng, [30, 40, 50])  # one tier: padding is already small
+    assert not pp.worth_tiering(eng, [200, 0, 0, 0])  # one new row (worth_packing's case)
+    assert not pp.worth_tiering(eng, [chunk + 1, 5])  # more than one chunk
+    monkeypatch.setattr(eng.target_runner, "use_graphs", True)  # as on CUDA: up to 4 rows replay a graph
+    assert not pp.worth_tiering(eng, [200, 5, 6, 7])
+    assert pp.worth_tiering(eng, [200, 5, 6, 7, 8])
+
+
+@pytest.mark.parametrize("kind", ["none", "layer", "eagle3"])
+def test_tiered_wave_equals_padded_prefill_and_generation(kind, spy):
+    """A mixed-length wave packed by width tier gives the padded prefill's logits, K/V and EAGLE-3 state, and
+    ``generate`` over the wave equals each request alone."""
+    eng = _engine(kind, max_batch=6)
+    V, st = eng.target.cfg.vocab_size, eng.state
+    lens = [5, 200, 9, 7, 3, 66]
+    ps = prompts(lens, V, seed=4)
+    for i, p in enumerate(ps):
+        st.history[i, : len(p)] = torch.tensor(p)
+    assert pp.worth_tiering(eng, lens)
+    tiered = eng.prefill_rows(st.history[:6], lens)
+    assert spy == [lens]
+    got = [_cache_rows(eng, [i], n) for i, n in enumerate(lens)]
+    feats = (st.feats[:6].clone(), st.n_prev[:6].clone()) if eng.feature_layers else None
+    pp.PACKED, saved = False, pp.PACKED
+    try:
+        padded = eng.prefill_rows(st.history[:6], lens)
+    finally:
+        pp.PACKED = saved
+    torch.testing.assert_close(tiered, padded, rtol=1e-5, atol=1e-5)
+    for i, n in enumerate(lens):
+        for a, b in zip(got[i], _cache_rows(eng, [i], n), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    if feats is not None:
+        torch.testing.assert_close(feats[0], st.feats[:6], rtol=1e-5, atol=1e-5)
+        assert torch.equal(feats[1], st.n_prev[:6])
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    alone = [eng.generate([p], params)[0].token_ids for p in ps]
+    assert [r.token_ids for r in eng.generate(ps, params)] == alone

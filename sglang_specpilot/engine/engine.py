@@ -31,7 +31,7 @@ from tlv import TLVPlan
 from ..config import EngineOptions
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
-from .packed_prefill import PackedGraphs, packable, packed_prefill, worth_packing
+from .packed_prefill import PackedGraphs, packable, packed_prefill, worth_packing, worth_tiering
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
 from .round_kinds import SpecPolicy, alternate_rounds, kinds_at
@@ -585,6 +585,8 @@ class Engine:
         scratch slots, so rows that are mid-generation keep their KV; their logits are meaningless.
         """
         if worth_packing(self, lens):  # admitted beside running rows: prefill the new rows alone
+            return packed_prefill(self, lens)
+        if worth_tiering(self, lens):  # a wave of prompts of mixed lengths: packed by width tier
             return packed_prefill(self, lens)
         if self.feature_layers is not None:
             return self._prefill_eagle(history, lens)

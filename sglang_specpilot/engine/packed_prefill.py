@@ -23,6 +23,12 @@ slots prefill row 0's scratch slots and keep nothing), the width is rounded up t
 ``PREFILL_GRAPH_MAX_BATCH`` (up to that the padded prefill replays its own graphs). Elsewhere (the CPU, more
 new rows than a slot bucket holds) it runs eagerly with one slot per new row, where padding would at least
 double the rows run and the padded prefill replays no graph.
+
+Waves. Prompts that arrive together (``generate``, or a closed loop's clients whose requests ended in one
+round) fill every row, so the padded prefill pads only in width, to the longest prompt. Where that would run
+at least twice the slots, the eager pass packs the new rows in width tiers instead (``width_tiers``: each
+tier at its own longest prompt's width, all tiers in one ``mixed_forward``, so the weights are still read
+once), which ``worth_tiering`` decides from the lengths alone.
 """
 
 from __future__ import annotations
@@ -81,6 +87,40 @@ def worth_packing(engine, lens: list[int]) -> bool:
     return not (engine.target_runner.use_graphs and len(lens) <= PREFILL_GRAPH_MAX_BATCH)
 
 
+def width_tiers(lens: list[int], chunk: int) -> list[list[int]]:
+    """The rows with ``lens[b] > 0`` grouped by the power-of-two width their prompt rounds up to (64, 128,
+    256, ..., the chunk: ``graph_width``), narrowest first. Each tier runs at its own longest prompt's
+    width, so a prompt is padded to at most about twice its length (up to 64 tokens for short ones), and a
+    pass holds at most log2(chunk / 64) + 1 tiers, each one more attention call a layer."""
+    tiers: dict[int, list[int]] = {}
+    for i, n in enumerate(lens):
+        if n > 0:
+            tiers.setdefault(graph_width(n, chunk), []).append(i)
+    return [tiers[w] for w in sorted(tiers)]
+
+
+def worth_tiering(engine, lens: list[int]) -> bool:
+    """Whether ``Engine.prefill_rows`` packs a wave (several new rows, each prompt one chunk) in width tiers
+    (``width_tiers``): where the padded prefill, which runs every row in range at the longest prompt's
+    width, would run at least ``MIN_PAD_FACTOR`` times the tiers' slots, and replays no graph of its own.
+
+    Why: a closed-loop server's clients whose requests end together send their next prompts together. On the
+    H100 (lifted 8B, 64 clients x 128 tokens, 2ab09a6, batched_h100.json's serve_loop_probe_n64) AR's four
+    waves of 63 prompts (median ~100 tokens, longest 414) each took 848 ms padded to 64 x 414 slots, 3.4 s
+    of its 7.1 s wall; one packed prompt took 10.4 ms. Untimed on a GPU as tiers."""
+    new = [n for n in lens if n > 0]
+    chunk = engine.options.prefill_chunk
+    if not (packable(engine) and len(new) >= 2 and max(new) <= chunk):
+        return False
+    if engine.target_runner.use_graphs and len(lens) <= PREFILL_GRAPH_MAX_BATCH:
+        return False
+    from .engine import prefill_width
+
+    padded = len(lens) * prefill_width(max(new), chunk)
+    tiered = sum(len(t) * prefill_width(max(lens[i] for i in t), chunk) for t in width_tiers(lens, chunk))
+    return padded >= MIN_PAD_FACTOR * tiered
+
+
 def slot_bucket(n: int) -> int | None:
     return next((s for s in SLOT_BUCKETS if s >= n), None)
 
@@ -116,24 +156,34 @@ class PackedRows:
 def _core(engine, B: int, ins: PackedRows, W: int) -> torch.Tensor:
     """The packed prefill of ``ins`` in a batch of ``B`` rows at width ``W``: last-position logits [B, V]
     (zeros in rows not prefilled). Tensor work only, with shapes fixed by (B, S, W): capturable."""
+    return _core_parts(engine, B, [(ins, W)])
+
+
+def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]]) -> torch.Tensor:
+    """``_core`` for several groups of slots, each at its own width, in one target pass: the projections and
+    the MLP read every weight once for all of them (``mixed_forward``), attention runs per group."""
     st, dev, max_seq = engine.state, engine.device, engine.options.max_seq_len
-    rows, lens, base = ins.rows, ins.lens, ins.base
-    S = rows.shape[0]
-    used = lens > 0
-    keep = used & (base < max_seq)  # admitted rows: the cost probe and unused slots keep no state
-    pos = torch.arange(W, device=dev).expand(S, W)
-    slots = base[:, None] + pos
-    last_row = (lens - 1).clamp(min=0)[:, None]
-    toks = st.history[rows, :W]
     fl = engine.feature_layers
-    group = Group(toks, pos, slots, None, rows, logit_rows=last_row, feature_layers=fl)
-    (out,) = mixed_forward(engine.target, [group], engine.target_runner.kv.layers)
-    logits, feats = out if fl is not None else (out, None)
-    # Per row of the batch. index_add, not index_copy: unused slots name row 0 and add zeros, so they never
-    # clobber a new row 0's logits; where, not a product: 0 * inf would be NaN.
-    logits = torch.where(used[:, None], logits[:, 0], 0)
-    last = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=dev).index_add_(0, rows, logits)
-    draft_prefill(engine, B, group, keep, feats)
+    groups, keeps = [], []
+    for ins, W in parts:
+        rows, lens, base = ins.rows, ins.lens, ins.base
+        S = rows.shape[0]
+        keeps.append((lens > 0, (lens > 0) & (base < max_seq)))  # admitted rows: probes keep no state
+        pos = torch.arange(W, device=dev).expand(S, W)
+        last_row = (lens - 1).clamp(min=0)[:, None]
+        groups.append(Group(st.history[rows, :W], pos, base[:, None] + pos, None, rows, logit_rows=last_row,
+                            feature_layers=fl))  # fmt: skip
+    outs = mixed_forward(engine.target, groups, engine.target_runner.kv.layers)
+    last = None
+    for group, out, (used, keep) in zip(groups, outs, keeps, strict=True):
+        logits, feats = out if fl is not None else (out, None)
+        # Per row of the batch. index_add, not index_copy: unused slots name row 0 and add zeros, so they never
+        # clobber a new row 0's logits; where, not a product: 0 * inf would be NaN.
+        logits = torch.where(used[:, None], logits[:, 0], 0)
+        if last is None:
+            last = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=dev)
+        last.index_add_(0, group.rows, logits)
+        draft_prefill(engine, B, group, keep, feats)
     return last
 
 
@@ -186,10 +236,13 @@ def packed_prefill(engine, lens: list[int], slot0: int = 0) -> torch.Tensor:
     key = graphs.key(B, len(new), max(lens_new)) if graphs is not None else None
     if key in (graphs or ()):
         return graphs.replay(key, new, lens_new, slot0)[:B]
-    dev = engine.device
-    rows = torch.tensor(new, device=dev)
-    ins = PackedRows(rows, torch.tensor(lens_new, device=dev), torch.full_like(rows, slot0))
-    return _core(engine, B, ins, prefill_width(max(lens_new), engine.options.prefill_chunk))
+    dev, chunk = engine.device, engine.options.prefill_chunk
+    parts = []
+    for tier in width_tiers(lens, chunk):
+        rows = torch.tensor(tier, device=dev)
+        ins = PackedRows(rows, torch.tensor([lens[i] for i in tier], device=dev), torch.full_like(rows, slot0))
+        parts.append((ins, prefill_width(max(lens[i] for i in tier), chunk)))
+    return _core_parts(engine, B, parts)
 
 
 class PackedGraphs:
