@@ -57,15 +57,17 @@ def admit(self, reqs):
 
 
 def prefill_rows(self, history, lens):
-    """``Engine.prefill_rows`` with its path (packed in a graph, packed eager, padded) and its stream time
-    (CUDA events around it: the prefill's GPU work plus any launch gaps, not the in-flight round before it)."""
-    from sglang_specpilot.engine.packed_prefill import worth_packing
+    """``Engine.prefill_rows`` with its path (packed in a graph, packed eager, a wave in width tiers, padded)
+    and its stream time (CUDA events around it: the prefill's GPU work plus any launch gaps, not the
+    in-flight round before it)."""
+    from sglang_specpilot.engine.packed_prefill import worth_packing, worth_tiering
 
     new = [n for n in lens if n > 0]
     path = "padded"
-    if worth_packing(self, lens):
+    if worth_packing(self, lens) or worth_tiering(self, lens):
         g = self.packed_graphs
         path = "packed graph" if g is not None and g.key(len(lens), len(new), max(new)) in g else "packed eager"
+        path += " tiers" if not worth_packing(self, lens) else ""  # a wave, packed by width tier
     ev = None
     if torch.cuda.is_available():
         ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
