@@ -116,7 +116,7 @@ def test_forcing_rejects_outputs_that_are_not_ars(folders, tmp_path, monkeypatch
 
     def corrupt(sched, eng, prompts, n, new_tokens, timeout):
         records, wall = real(sched, eng, prompts, n, new_tokens, timeout)
-        if eng.draft is not None and new_tokens > 1:  # the speculative systems' timed pass
+        if eng.draft is not None and isinstance(new_tokens, list):  # the speculative systems' timed pass
             V = eng.target.cfg.vocab_size
             for r in records:
                 r["token_ids"] = [(t + 1) % V for t in r["token_ids"]]
@@ -190,3 +190,17 @@ def test_merge_batched_takes_each_n_from_one_file(tmp_path):
     assert [r["concurrency"] for r in out["runs"]] == [[1], [4]] and out["runs"][0]["device_git_recorded"] == "c0"
     with pytest.raises(SystemExit, match="N = 1"):
         mod.merge([(a, [1], "c1"), (b, [1, 4], "c2")])
+
+
+def test_request_lengths_are_drawn_once_per_request():
+    """``--new-tokens LO-HI``: each request's count drawn from a seeded generator, so request i generates as
+    many tokens in every system and every run; "N" gives N to all; a malformed range is refused in one line."""
+    from sglang_specpilot.suites.batched import request_lengths
+
+    got = request_lengths("128-256", 64)
+    assert got == request_lengths("128-256", 64) and all(128 <= n <= 256 for n in got)
+    assert len(set(got)) > 16  # varied: the clients' requests do not end in the same round
+    assert request_lengths("128", 5) == [128] * 5
+    for bad in ("x", "256-128", "0-4"):
+        with pytest.raises(SystemExit, match="new-tokens"):
+            request_lengths(bad, 3)

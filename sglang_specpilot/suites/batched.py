@@ -2,7 +2,8 @@
 
 For N in ``--concurrency`` (1, 2, 4, 8, 16, 32, 64), N closed-loop clients (``batched_clients``) send
 HumanEval/100-131 and MT-Bench turn-1 prompts (chat template, interleaved) to the server's scheduler,
-``--new-tokens`` (128) greedy tokens each, EOS ignored (equal work per system), ``--requests-per-client``
+``--new-tokens`` (128-256: each request's count drawn once, seeded, the same for every system) greedy tokens
+each, EOS ignored (equal work per system), ``--requests-per-client``
 (4) requests per client and at least ``--min-requests`` per N. Several per client, because a closed loop's
 throughput is its steady state: with one request per client a part is one wave, which ends with its
 slowest request (on the H200, 4fb4ff5, 16 clients with one request each: the trees' median request took
@@ -60,7 +61,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--humaneval", default="100-131", help="HumanEval problems of the humaneval set")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="numbers of concurrent clients N")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
-    p.add_argument("--new-tokens", type=int, default=128)
+    # A range, as the issue's 128-256 tokens: with one count for all, a closed loop's AR requests end in the same
+    # round and their clients send the next prompts as one wave (H100, 2ab09a6: AR's waves at 64 clients were
+    # 3.4 of its 7.1 s, padded), a lockstep that real traffic, whose answers differ in length, does not have.
+    p.add_argument("--new-tokens", default="128-256", help="greedy tokens a request: N, or LO-HI drawn per request")
     p.add_argument("--min-requests", type=int, default=8, help="requests per N at least")
     p.add_argument("--requests-per-client", type=int, default=4,
                    help="requests each of the N clients sends (steady state rather than one wave)")  # fmt: skip
@@ -85,6 +89,22 @@ def _args(p: argparse.ArgumentParser) -> None:
         "--warm-tokens", type=int, default=8, help="tokens per request of the untimed pass before each part (0: none)"
     )
     p.add_argument("--resume", default=None, help="an earlier batched results file whose cells to carry over")
+
+
+def request_lengths(spec: str, n: int, seed: int = 0) -> list[int]:
+    """Tokens each of ``n`` requests generates: ``spec`` "N" for all, or "LO-HI" drawn uniformly per request
+    from a generator seeded by ``seed`` (request i gets the same count in every system and every run)."""
+    import random
+
+    lo, _, hi = str(spec).partition("-")
+    try:
+        lo_i, hi_i = int(lo), int(hi or lo)
+    except ValueError:
+        raise SystemExit(f"--new-tokens {spec!r}: expected N or LO-HI") from None
+    if not 1 <= lo_i <= hi_i:
+        raise SystemExit(f"--new-tokens {spec!r}: expected 1 <= LO <= HI")
+    rng = random.Random(seed)
+    return [rng.randint(lo_i, hi_i) for _ in range(n)]
 
 
 def system_options(a: argparse.Namespace, concurrency: list[int], system: str) -> dict:
@@ -209,7 +229,8 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
             raise SystemExit("no prompt set could be loaded (see the errors above)")
         pooled = [p for group in zip(*sets, strict=False) for p in group]
         pooled += [p for s in sets for p in s[min(map(len, sets)) :]]
-        self.out["prompts"] = {"available": len(pooled), "lengths_median": sorted(map(len, pooled))[len(pooled) // 2]}
+        self.out["prompts"] = {"available": len(pooled), "lengths_median": sorted(map(len, pooled))[len(pooled) // 2],
+                               "new_tokens": self.args.new_tokens}  # fmt: skip
         return pooled
 
     def engine(self, system: str):
@@ -259,7 +280,8 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
             if self.args.warm_tokens:  # the same prompts and arrivals, untimed: every prefill shape they meet
                 run_clients(sched, eng, chosen, n, self.args.warm_tokens, self.args.part_timeout_s)
             before = _decisions(eng)
-            records, wall = run_clients(sched, eng, chosen, n, self.args.new_tokens, self.args.part_timeout_s)
+            lengths = request_lengths(self.args.new_tokens, reqs)
+            records, wall = run_clients(sched, eng, chosen, n, lengths, self.args.part_timeout_s)
             after = _decisions(eng)
         finally:
             sched.stop()

@@ -19,12 +19,13 @@ import time
 from ..engine.sampling import SamplingParams
 
 
-def run_clients(sched, engine, prompts: list[list[int]], n_clients: int, new_tokens: int, timeout_s: float):
+def run_clients(sched, engine, prompts: list[list[int]], n_clients: int, new_tokens, timeout_s: float):
     """Run the closed loop; returns (records, wall seconds from the first submit to the last finish).
+    ``new_tokens``: tokens every request generates, or a list with prompt i's count at i.
 
     A record: prompt (index), n_prompt, tokens, token_ids, ttft_s, itl_s, request_s, error (None if it
     finished; a request that failed or timed out keeps its error and counts no tokens)."""
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    counts = new_tokens if isinstance(new_tokens, list) else [new_tokens] * len(prompts)
     records: list[dict] = []
     lock = threading.Lock()
     deadline = time.perf_counter() + timeout_s
@@ -52,6 +53,7 @@ def run_clients(sched, engine, prompts: list[list[int]], n_clients: int, new_tok
         rec = {"prompt": i, "n_prompt": len(prompts[i])}
         t0 = time.perf_counter()
         try:
+            params = SamplingParams(max_new_tokens=counts[i], ignore_eos=True)
             sched.submit(engine.new_request(prompts[i], params), sink)
         except Exception as e:
             return rec | {"error": f"{type(e).__name__}: {e}", "tokens": 0}
