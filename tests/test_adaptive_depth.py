@@ -176,7 +176,7 @@ def test_a_shallow_stretch_probes_the_main_depth():
     for r in rows:  # accepted 2 at depth 6: 3 tokens at either depth, so depth 3 (the cheaper) wins
         pol.observe(r, 3, None)
         pol.chains.update(r, 2, 1.0)  # a chain of 2 that would lose to the tree of 3
-    every = pol.width_probe_every
+    every = pol.probe_every
     assert [pol.choose(rows, b) for _ in range(every)] == [3] * every
     assert pol.choose(rows, b) is None  # the probe: the main depth, not a chain
     assert pol.depth_choices == {"chosen": every, "probe": 1}

@@ -100,7 +100,7 @@ def test_policy_picks_most_tokens_per_ms_and_probes_the_widest():
     assert pol.choose(rows, b) == (D, 8)
     pol.auto_off.curve = _curve({"spec": 3.0, (D, 8): 2.0, (D, 4): 1.0}, b)
     assert pol.choose(rows, b) == (D, 4)
-    for _ in range(pol.width_probe_every - 2):
+    for _ in range(pol.probe_every - 2):
         assert pol.choose(rows, b) == (D, 4)
     assert pol.choose(rows, b) is None  # the probe: the widest refreshes the wider estimates
     assert pol.width_choices["probe"] == 1
@@ -156,7 +156,7 @@ def test_a_width_probe_runs_its_tree_even_where_a_chain_wins():
         pol.widths.est[r] = {(D, 16): 3.0, (D, 8): 2.8, (D, 4): 2.0}
         pol.acc.observe(r, 3, D)
         pol.chains.est[r] = {2: 2.5}
-    pol._narrow.n = pol.width_probe_every - 1  # the width probe is due after one more narrow round
+    pol._narrow.n = pol.probe_every - 1  # the width probe is due after one more narrow round
     keys = [pol.choose(rows, b) for _ in range(3)]
     assert keys == ["chain2", None, "chain2"]  # the probe ran the widest tree, then the chain again
     assert pol.width_choices["probe"] == 1 and pol.chain_rounds == {2: 2}

@@ -135,11 +135,11 @@ def test_the_policy_picks_the_most_tokens_per_ms_and_probes_the_tree():
         p.acc.observe(r, 3, 4)
         p.chains.update(r, 2, 2.5)
     assert p.choose(rows, 2) == "chain2"
-    for _ in range(p.width_probe_every - 1):
+    for _ in range(p.probe_every - 1):
         assert p.choose(rows, 2) == "chain2"
     assert p.choose(rows, 2) is None  # the tree's probe after probe_every chain rounds in a row
-    assert p.chain_choices == {"chain": p.width_probe_every, "probe": 1}
-    assert p.chain_rounds == {2: p.width_probe_every}
+    assert p.chain_choices == {"chain": p.probe_every, "probe": 1}
+    assert p.chain_rounds == {2: p.probe_every}
     _planted(eng, {None: 4.0, "chain2": 4.0})  # now the chain costs as much as the tree: the tree runs
     assert p.choose(rows, 2) is None and p.chain_choices["tree"] == 1
     p.forget(0)

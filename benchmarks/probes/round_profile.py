@@ -172,17 +172,11 @@ def main() -> None:
 
 def record(out: dict, name: str, cfg: dict, warm: float, eng, kind, args, dev) -> None:
     """Time and profile one round kind of ``eng`` at ``args.batch`` parked rows into ``out["systems"][name]``."""
-    from sglang_specpilot.engine.sampling import BatchSampling, SamplingParams
     from sglang_specpilot.harness.timing import times_ms
     from sglang_specpilot.suites.rounds import _parked_round, _unpark
 
     with torch.inference_mode():
-        if kind is None:
-            replay = _parked_round(eng, args.context, args.batch)
-        else:  # as _parked_round, for one of the engine's other round kinds
-            eng.state.seq_len[: args.batch], eng.state.in_use[: args.batch] = args.context, False
-            bs = BatchSampling.from_params([SamplingParams()] * args.batch, eng.device)
-            replay = lambda: eng.run_round(args.batch, bs, None, kind=kind)  # noqa: E731
+        replay = _parked_round(eng, args.context, args.batch, kind)
         ms = times_ms(replay, args.iters, dev.type == "cuda")
         ks = kernels_in_order(replay) if dev.type == "cuda" else []
     _unpark(eng, args.batch)

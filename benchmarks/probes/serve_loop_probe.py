@@ -64,10 +64,11 @@ def prefill_rows(self, history, lens):
 
     new = [n for n in lens if n > 0]
     path = "padded"
-    if worth_packing(self, lens) or worth_tiering(self, lens):
+    packs = worth_packing(self, lens)
+    if packs or worth_tiering(self, lens):
         g = self.packed_graphs
         path = "packed graph" if g is not None and g.key(len(lens), len(new), max(new)) in g else "packed eager"
-        path += " tiers" if not worth_packing(self, lens) else ""  # a wave, packed by width tier
+        path += "" if packs else " tiers"  # a wave, packed by width tier
     ev = None
     if torch.cuda.is_available():
         ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

@@ -584,9 +584,9 @@ class Engine:
         history : [B, W] (rows 0..B-1 of the cache). Rows with ``lens[b] == 0`` write only into the cache's
         scratch slots, so rows that are mid-generation keep their KV; their logits are meaningless.
         """
-        if worth_packing(self, lens):  # admitted beside running rows: prefill the new rows alone
-            return packed_prefill(self, lens)
-        if worth_tiering(self, lens):  # a wave of prompts of mixed lengths: packed by width tier
+        # Packed: prompts admitted beside running rows (the new rows alone), or a wave of mixed lengths (by
+        # width tier).
+        if worth_packing(self, lens) or worth_tiering(self, lens):
             return packed_prefill(self, lens)
         if self.feature_layers is not None:
             return self._prefill_eagle(history, lens)

@@ -184,11 +184,12 @@ class SpecPolicy:
         self.shared_rounds = 0  # rounds run under the shared node budget (``shared_budget``)
         self.width_rounds: dict[int, int] = {}  # narrowed verify blocks: rounds run at each width
         self._depth: int | None = None
-        self._shallow = Streak(opts.auto_off_probe_every)  # rounds in a row below the main depth
+        # Rounds in a row a choice left the configured tree before its probe (``Streak``), for all three kinds.
+        self.probe_every = opts.auto_off_probe_every
+        self._shallow = Streak(self.probe_every)  # rounds in a row below the main depth
         # Adaptive width: tokens per round by (depth, width), and rounds since the widest last ran.
         self.widths = WidthEstimates(opts.max_batch_size) if opts.adaptive_width else None
-        self.width_probe_every = opts.auto_off_probe_every
-        self._narrow = Streak(opts.auto_off_probe_every)  # rounds in a row narrower than the widest
+        self._narrow = Streak(self.probe_every)  # rounds in a row narrower than the widest
         self.width_choices: dict[str, int] = {}  # adaptive width: chosen / widest (no estimate) / probe
         # Chain kinds (``chain_kinds``): what each chain would have emitted per row, the rounds run at each
         # chain depth, how each round chose between tree and chains (chain / tree / probe / unmeasured), and
@@ -196,7 +197,7 @@ class SpecPolicy:
         self.chains = ChainEstimates(opts.max_batch_size, opts.chain_depths) if opts.chain_depths else None
         self.chain_rounds: dict[int, int] = {}
         self.chain_choices: dict[str, int] = {}
-        self._chains = Streak(opts.auto_off_probe_every)  # chain rounds in a row (where one runs)
+        self._chains = Streak(self.probe_every)  # chain rounds in a row (where one runs)
 
     @property
     def active(self) -> bool:
@@ -274,7 +275,7 @@ class SpecPolicy:
 
     def _choose_width(self, rows: list[int], depth: int, b: int, default):
         """(kind key, its rows' estimated tokens or None, whether it is a probe) for the round at ``depth``: the
-        width with the most estimated tokens per ms (``adaptive_width``), the widest every ``width_probe_every``
+        width with the most estimated tokens per ms (``adaptive_width``), the widest every ``probe_every``
         narrower rounds (a probe, which must run its tree)."""
         cands = [(w, k) for w, k in width_keys(self.engine, depth, b) if self._captured(k, b)]
         if len(cands) < 2:

@@ -351,6 +351,7 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
             self.carried = [c if "carried_from" in c else dict(c, carried_from=prev.get("commit"))
                             for c in prev.get("cells", [])]  # fmt: skip
             self.out["cells"] = list(self.carried)
+        request_lengths(a.new_tokens, 1)  # a malformed --new-tokens fails here, not after the warm-ups
         self.say(f"batched: N {self.concurrency}, systems {self.systems}, results {self.path}")
         self.load()
         prompts = self.prompts()

@@ -175,16 +175,16 @@ def _real(args, out) -> None:
     out["metrics"]["smollm2_dynamo_graphs_after_warmup"] = _dynamo_graphs() - graphs_before
 
 
-def _parked_round(eng, context: int, batch: int = 1):
-    """A callable replaying the engine's round for rows ``0 .. batch-1`` (a batch bucket) parked at
-    ``context`` cached tokens: the round does its full work but advances nothing (``in_use`` False), so
-    every replay is alike. ``_unpark`` frees them."""
+def _parked_round(eng, context: int, batch: int = 1, kind=None):
+    """A callable replaying the engine's round (or its round ``kind``, one of ``eng.kinds``) for rows
+    ``0 .. batch-1`` (a batch bucket) parked at ``context`` cached tokens: the round does its full work but
+    advances nothing (``in_use`` False), so every replay is alike. ``_unpark`` frees them."""
     from ..engine.sampling import BatchSampling, SamplingParams
 
     st = eng.state
     st.seq_len[:batch], st.in_use[:batch] = context, False
     bs = BatchSampling.from_params([SamplingParams()] * batch, eng.device)
-    return lambda: eng.run_round(batch, bs, None)
+    return lambda: eng.run_round(batch, bs, None, kind=kind)
 
 
 def _unpark(eng, batch: int = 1) -> None:
