@@ -9,7 +9,8 @@ README table are recomputed from the merged cells (``batched_results.summarize``
 the header (GPU, versions, model, prompts). Every input's commit, date and command are kept under ``runs``
 with the Ns it gave, and each cell names the commit whose tree measured it (``measured_at``): the device's
 git metadata is the session's starting commit, so ``--commit FILE=SHA`` records what the call really
-carried (the recorded one is kept as ``device_git_recorded``). ``merge_results.py`` cannot do this: every
+carried, a clean commit (the recorded one and its dirty flag are kept as ``device_git_recorded`` and
+``device_dirty_recorded``). ``merge_results.py`` cannot do this: every
 batched file carries the summary metrics, which would clash.
 """
 
@@ -44,7 +45,8 @@ def merge(parts: list[tuple[dict, list[int], str]]) -> dict:
         rows = [r for r in doc["rows"] if r.get("concurrency") in ns or r.get("case") == "engine"]
         out["rows"] += [dict(r, measured_at=commit) for r in rows]
         out["runs"].append({
-            "commit": commit, "device_git_recorded": doc.get("commit"), "date": doc.get("date"),
+            "commit": commit, "device_git_recorded": doc.get("commit"), "device_dirty_recorded": doc.get("dirty"),
+            "date": doc.get("date"),
             "command": doc.get("command"), "concurrency": sorted(ns),
             "systems": sorted({c["system"] for c in cells}), "errors": doc.get("errors", []),
         })  # fmt: skip
@@ -54,6 +56,9 @@ def merge(parts: list[tuple[dict, list[int], str]]) -> dict:
     commits = sorted({p[2] for p in parts})
     out["commit"] = commits[0] if len(commits) == 1 else ",".join(commits)
     out["device_git_recorded"] = sorted({str(p[0].get("commit")) for p in parts})
+    # The device compares the carried tree with the commit it recorded (the session's start), so a call that
+    # carried a later clean commit reads dirty there; a part is dirty only where its own commit was not named.
+    out["dirty"] = any(bool(p[0].get("dirty")) for p in parts if p[2] == p[0].get("commit"))
     out["date"] = max(str(p[0].get("date")) for p in parts)
     out["metric_commits"] = {}
     for m in out["metrics"]:  # a per-N metric names its N's commit; a summary over N names every commit used

@@ -188,6 +188,10 @@ def test_merge_batched_takes_each_n_from_one_file(tmp_path):
     }  # fmt: skip
     assert out["commit"] == "c1,c2" and out["metric_commits"]["batched_tokens_per_s_ar_n4"] == "c2"
     assert [r["concurrency"] for r in out["runs"]] == [[1], [4]] and out["runs"][0]["device_git_recorded"] == "c0"
+    # Dirty as the device saw it against its recorded commit; clean where the carried commit was named.
+    a["dirty"] = b["dirty"] = True
+    assert mod.merge([(a, [1], "c1"), (b, [4], "c2")])["dirty"] is False
+    assert mod.merge([(a, [1], "c1"), (b, [4], "c0")])["dirty"] is True
     with pytest.raises(SystemExit, match="N = 1"):
         mod.merge([(a, [1], "c1"), (b, [1, 4], "c2")])
 
