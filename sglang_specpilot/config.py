@@ -35,6 +35,7 @@ def tree_candidates(depth: int, top_k: int) -> int:
 
 
 WEIGHTS = ("bf16", "w12")
+DRAFT_WEIGHTS = (*WEIGHTS, "fp8")  # fp8: the drafter's own projections only (models/fp8_linear.py)
 GDN_VERIFY = ("stock", "path", "wy")  # engine/gdn_verify.py STRATEGIES
 
 
@@ -60,7 +61,10 @@ class EngineOptions:
         padded chunk shapes replay graphs captured at warm-up, ``ModelRunner.prefill``).
     ngram_size : with no draft model, draft by prompt lookup with n-grams of up to this size (0 = off).
     weights / draft_weights : "bf16" (stock) or "w12" (lossless 12-bit weights decoded in the GEMM; needs
-        bfloat16, which "auto" dtype then picks on the CPU too).
+        bfloat16, which "auto" dtype then picks on the CPU too). ``draft_weights`` may also be "fp8": the
+        drafter's own projections in FP8 e4m3 with per-row scales (``models.fp8_linear``), half the bytes a
+        draft step reads; the target is untouched, so output stays exactly AR's and only acceptance can move.
+        On CUDA it needs bfloat16 and an FP8 GPU (compute capability 8.9 or later).
     tree_budget / tree_depth / tree_top_k : best-first draft trees (EAGLE-2-like). Setting any of them turns
         tree rounds on: the drafter expands ``tree_top_k`` frontier nodes per depth for ``tree_depth`` depths,
         and the target verifies the ``tree_budget`` candidates of highest path probability in one pass.
@@ -169,9 +173,10 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        for w in (self.weights, self.draft_weights):
-            if w not in WEIGHTS:
-                raise ValueError(f"unknown weights {w!r}; choose from {', '.join(WEIGHTS)}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"unknown weights {self.weights!r}; choose from {', '.join(WEIGHTS)}")
+        if self.draft_weights not in DRAFT_WEIGHTS:
+            raise ValueError(f"unknown draft_weights {self.draft_weights!r}; choose from {', '.join(DRAFT_WEIGHTS)}")
         w12 = "w12" in (self.weights, self.draft_weights)
         if self.dtype == "auto":
             self.dtype = "bfloat16" if self.device.startswith("cuda") or w12 else "float32"
@@ -192,6 +197,8 @@ class EngineOptions:
             raise ValueError("colocate runs chain rounds; it cannot be combined with tree options")
         if self.colocate and self.max_batch_size < 2:
             raise ValueError("colocate splits the KV rows in two halves: max_batch_size >= 2 is required")
+        if self.draft_weights == "fp8" and self.device.startswith("cuda") and DTYPES[self.dtype] != torch.bfloat16:
+            raise ValueError(f"draft_weights='fp8' runs FP8 GEMMs with bfloat16 outputs on CUDA, not {self.dtype!r}")
         if self.colocate_batches is not None:
             self.colocate_batches = tuple(sorted(set(self.colocate_batches)))
             if not self.colocate or any(b < 1 for b in self.colocate_batches):

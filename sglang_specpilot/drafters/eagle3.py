@@ -158,12 +158,17 @@ class Eagle3Drafter(nn.Module):
         return 1
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the norm's: the projections may hold FP8 codes, ``models.fp8_linear``)."""
+        return self.norm.weight.dtype
+
+    @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.spec.feature_layers
 
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """Target features [.., 3 * target_hidden] -> g [.., H]."""
-        return self.fc(feats.to(self.fc.weight.dtype))
+        return self.fc(feats.to(self.dtype))
 
     def prefill_inputs(self, feats: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
         """g [B, N, H] for a prefill chunk whose target features are ``feats`` [B, N, F]: the drafter reads each
@@ -209,9 +214,9 @@ class Eagle3Drafter(nn.Module):
         if launch.ROUND_KERNELS:  # the gathers, the concat and the casts in one launch (kernels/embed_rope.py)
             from ..kernels.embed_rope import embed_rope
 
-            x2, cs = embed_rope(tokens, positions, self.embed.weight, self.rope, g, self.fc.weight.dtype)
+            x2, cs = embed_rope(tokens, positions, self.embed.weight, self.rope, g, self.dtype)
         else:
-            x2 = torch.cat([self.embed(tokens), g.to(self.fc.weight.dtype)], -1)
+            x2 = torch.cat([self.embed(tokens), g.to(self.dtype)], -1)
             cs = self.rope[positions].to(x2.dtype)
         batch_idx = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
         return x2, cs[:, :, 0, None], cs[:, :, 1, None], batch_idx

@@ -89,14 +89,28 @@ def drafting_vocab(target, draft) -> int:
     return min(target.cfg.vocab_size, getattr(spec, "draft_vocab", None) or target.cfg.vocab_size)
 
 
+def _fp8_draft(draft, target, device: torch.device):
+    """``draft_weights="fp8"``: a copy of the drafter with FP8 projections (``models.fp8_linear``)."""
+    from ..models.fp8_linear import fp8_drafter
+
+    if draft is None:
+        raise ValueError("draft_weights='fp8' converts a drafter's weights, and this engine has no drafter")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise ValueError(f"draft_weights='fp8' needs FP8 tensor cores (compute capability 8.9+); {name} has none")
+    return fp8_drafter(draft, target)
+
+
 class Engine:
     def __init__(self, target: Transformer, tokenizer, options: EngineOptions, draft: Transformer | None = None):
         options = options.resolved(target.cfg.max_position_embeddings)
         self.options = options
         self.tokenizer = tokenizer
         self.target = target
-        self.draft = draft
         self.device = target.embed.weight.device
+        if options.draft_weights == "fp8":
+            draft = _fp8_draft(draft, target, self.device)
+        self.draft = draft
         if options.max_seq_len > target.cfg.max_position_embeddings:
             raise ValueError(
                 f"max_seq_len {options.max_seq_len} exceeds the model's context "
@@ -388,9 +402,7 @@ class Engine:
             return {}
         if runner is self.target_runner:
             return {"feature_layers": self.feature_layers}
-        return {
-            "g": torch.zeros(b, w, self.target.cfg.hidden_size, device=self.device, dtype=self.draft.fc.weight.dtype)
-        }
+        return {"g": torch.zeros(b, w, self.target.cfg.hidden_size, device=self.device, dtype=self.draft.dtype)}
 
     def run_round(self, b: int, bs: BatchSampling, max_len: int | None, kind=None, eager: bool = False) -> None:
         """One round over state rows ``0 .. b-1`` (a ladder bucket): a graph replay for greedy rounds

@@ -13,7 +13,8 @@ before anything is timed:
 
   ar                 no drafter
   stock              chain speculative decoding with the drafter, gamma ``--gamma``
-  specpilot          best-first trees ``--tree N,D,K``, none of issue 18's mechanisms
+  specpilot          best-first trees ``--tree N,D,K``, none of issue 18's mechanisms; both SpecPilot systems
+                     draft with ``--draft-weights`` (default fp8: the drafter's projections in FP8)
   specpilot_batched  the same trees with automatic off, adaptive draft depth (``--adaptive-depths``), the
                      shared node budget (``--shared-budget``), prompt admission (``--prompt-admission``) and
                      chain kinds (``--chain-depths``: stock's chain where it beats the tree per ms)
@@ -82,6 +83,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adaptive-width", action="store_true", help="specpilot_batched: each round's width by tokens per ms"
     )
+    # FP8 drafter projections for SpecPilot's systems (models/fp8_linear.py): a draft step reads half the bytes;
+    # stock keeps SGLang's bf16 drafter. Output is AR's either way; token forcing checks it.
+    p.add_argument("--draft-weights", default="fp8", choices=["bf16", "fp8"],
+                   help="specpilot and specpilot_batched: the drafter's projections (stock: bf16)")  # fmt: skip
     add_model_args(p)
     p.add_argument("--deadline-s", type=float, default=480.0, help="seconds after which no new part starts")
     p.add_argument("--part-timeout-s", type=float, default=120.0, help="seconds one (system, N) part may take")
@@ -119,7 +124,7 @@ def system_options(a: argparse.Namespace, concurrency: list[int], system: str) -
         compile=False if a.no_compile else None,
     )
     n, d, k = parse_ints(a.tree)
-    tree = dict(tree_budget=n, tree_depth=d, tree_top_k=k)
+    tree = dict(tree_budget=n, tree_depth=d, tree_top_k=k, draft_weights=a.draft_weights)
     return (
         base
         | {
