@@ -109,5 +109,7 @@ def test_scaled_mm_matches_the_reference_on_gpu(rows):
     y = f(x)
     x8, xs = quantize_rows(x)
     ref = fp8_linear_reference(x8, xs, f.weight8, f.weight_scale, None, torch.float32)
-    # Only the summation order differs (fp32 accumulation, bf16 output): a bf16 rounding step of the output.
-    assert torch.allclose(y.float(), ref, rtol=2**-7, atol=1e-2 * ref.abs().max().item() * 2**-7)
+    # The same products; the tensor cores' FP8 accumulation order and precision and the bf16 output rounding
+    # differ from the fp32 reference: within a bf16 step of each output plus a bf16 step of the largest.
+    err = (y.float() - ref).abs()
+    assert (err <= ref.abs() * 2**-8 + ref.abs().max() * 2**-8).all(), (err.max(), ref.abs().max())
