@@ -9,7 +9,7 @@ from .acceptance import ALPHA
 
 # The share of a batch's rows that must have an estimate for the batch to decide by them. Requiring every
 # row (as before) let one row admitted a round ago block every choice: on the H100 (lifted 8B, 64 clients x
-# 4 requests, 4910b6f, batched_h100.json) a new row came every ~2 rounds, adaptive depth fell back to its rule
+# 4 requests, 4910b6f, batched_4910b6f_h100.json) a new row came every ~2 rounds, adaptive depth fell back to its rule
 # in 304 of 304 rounds, the chain-or-tree choice was unmeasured in 284 of 304, and the batch ran its narrowed
 # tree (12.5 ms at warm-up, 14.3 ms in the run) where stock's 10.7 ms chain served 1.16x its tokens per
 # second. Half: a batch of mostly new rows (a lone new row, say) still speculates, which measures them; in a
@@ -52,7 +52,7 @@ class RowEstimates:
 # the batch ran a chain of 3 in 89 of 376 rounds (5.6 ms; stock's chain of 3 emitted 2.10 tokens a round in
 # the same run) where its tree rounds emitted about 3.1 (from the run's totals) in 6.65 ms, and the mechanisms
 # served 1.86x AR where plain trees had served 2.01x (2bcb6d1). Not tuned: it follows from ALPHA and that
-# spread. With it, one client on the H100 (2ab09a6, batched_h100.json's before_margin_n1) ran depth 6 in all
+# spread. With it, one client on the H100 (2ab09a6, batched_742b745_h100.json's before_margin_n1) ran depth 6 in all
 # 378 chosen rounds and the chain in 5; automatic off (which takes it too since b6b2e54) then served 2.04x AR.
 SWITCH_MARGIN = 0.15
 

@@ -105,7 +105,7 @@ def worth_tiering(engine, lens: list[int]) -> bool:
     width, would run at least ``MIN_PAD_FACTOR`` times the tiers' slots, and replays no graph of its own.
 
     Why: a closed-loop server's clients whose requests end together send their next prompts together. On the
-    H100 (lifted 8B, 64 clients x 128 tokens, 2ab09a6, batched_h100.json's serve_loop_probe_n64) AR's four
+    H100 (lifted 8B, 64 clients x 128 tokens, 2ab09a6, batched_742b745_h100.json's serve_loop_probe_n64) AR's four
     waves of 63 prompts (median ~100 tokens, longest 414) each took 848 ms padded to 64 x 414 slots, 3.4 s
     of its 7.1 s wall; one packed prompt took 10.4 ms. Untimed on a GPU as tiers."""
     new = [n for n in lens if n > 0]
