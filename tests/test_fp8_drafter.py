@@ -6,7 +6,7 @@ import torch
 from helpers import WordTokenizer, prompts, tiny_model
 
 from sglang_specpilot.config import EngineOptions
-from sglang_specpilot.drafters.eagle3 import init_eagle3
+from sglang_specpilot.drafters.eagle3 import FrozenHead, init_eagle3
 from sglang_specpilot.engine import Engine, SamplingParams
 from sglang_specpilot.models.fp8_linear import E4M3_MAX, Fp8Linear, fp8_drafter, fp8_linear_reference, quantize_rows
 
@@ -54,14 +54,27 @@ def test_fp8_drafter_copies_and_leaves_target_and_original_alone():
     before = {k: v.clone() for k, v in d.state_dict().items()}
     q = fp8_drafter(d, target)
     assert q is not d and q.embed is target.embed  # the target's embedding stays shared, not copied
-    kinds = {type(m).__name__ for m in q.modules()}
-    assert "Fp8Linear" in kinds and not any(isinstance(m, torch.nn.Linear) for m in q.modules())
+    linears = [n for n, m in q.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == ["fc"]  # KEEP_BF16: the feature projection stays bf16; every other projection converts
+    assert isinstance(q.lm_head, Fp8Linear) and isinstance(q.layers[0].mlp.w2, Fp8Linear)
     assert not any(isinstance(m, Fp8Linear) for m in d.modules())  # the original is untouched
     assert all(torch.equal(before[k], v) for k, v in d.state_dict().items())
     assert not any(isinstance(m, Fp8Linear) for m in target.modules())
     # A drafter made of the target's own layers has nothing of its own to convert: refused, not faked.
     with pytest.raises(ValueError, match="no projections of its own"):
         fp8_drafter(target.truncated(1), target)
+
+
+def test_a_frozen_target_head_converts_too():
+    target = tiny_model("tiny-llama", vocab_size=V)
+    torch.manual_seed(0)
+    d = init_eagle3(target, d2t=torch.arange(0, V, 2))  # a reduced draft vocabulary: the target's head rows
+    d.lm_head = FrozenHead(target.lm_head.weight.detach()[d.d2t].clone())
+    q = fp8_drafter(d, target)
+    assert isinstance(q.lm_head, Fp8Linear) and q.lm_head.out_features == V // 2
+    h = torch.randn(3, target.cfg.hidden_size)
+    rel = (q.lm_head(h) - d.lm_head(h)).norm() / d.lm_head(h).norm()
+    assert rel < 0.06, rel
 
 
 def _engine(target, draft, **kw):

@@ -11,8 +11,9 @@ in-kernel merge), which under torch.compile must be a fresh zeroed buffer each c
 Rope is the rotate-half layout of ``models/rope.apply_rope``: ``x * cos + rotate_half(x) * sin`` with cos
 and sin already in x's dtype, computed in fp32 and rounded once, as inductor's fused kernel of it does.
 
-The grid: one program per (token, head) over the q heads, then the k heads, then the v heads, each moving
-one head's ``head_dim`` values; program (0, 0) also zeroes the tickets.
+The grid: one program per (token, block of ``heads_per_program`` heads) over the q heads, then the k heads,
+then the v heads (a block may straddle them: each head's destination is chosen per head); program (0, 0)
+also zeroes the tickets.
 
 The op does not declare its cache writes (``mutates_args=()``). Declared, torch.compile functionalizes
 them, and since a layer's K and V caches are two views of one tensor (``engine/kv_cache.py``), two
@@ -61,6 +62,7 @@ def _rope_cache_kernel(
     NUM_HEADS: tl.constexpr,
     NUM_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEADS: tl.constexpr,
     TICKET_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -70,39 +72,50 @@ def _rope_cache_kernel(
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     tok = tl.program_id(0)  # b * N + n
-    head = tl.program_id(1)  # q heads, then k heads, then v heads
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)  # q heads, then k heads, then v heads
     b = (tok // N).to(tl.int64)
     n = tok % N
     dims = tl.arange(0, HEAD_DIM)
     half: tl.constexpr = HEAD_DIM // 2
-    if (tok == 0) & (head == 0):
+    if (tok == 0) & (tl.program_id(1) == 0):
         for t0 in range(0, num_tickets, TICKET_BLOCK):
             offs = t0 + tl.arange(0, TICKET_BLOCK)
             tl.store(tickets_ptr + offs, tl.zeros([TICKET_BLOCK], tl.int32), mask=offs < num_tickets)
-    row = qkv_ptr + b * stride_xb + n * stride_xn
-    src = row + head * HEAD_DIM
-    if head < NUM_HEADS + NUM_KV:
-        x = tl.load(src + dims).to(tl.float32)
-        # rotate_half: [-x[half:], x[:half]]
-        partner = tl.load(src + (dims + half) % HEAD_DIM).to(tl.float32)
-        rot = tl.where(dims < half, -partner, partner)
-        c = b * stride_cb + n * stride_cn + dims
-        cos = tl.load(cos_ptr + c).to(tl.float32)
-        sin = tl.load(sin_ptr + c).to(tl.float32)
-        out = x * cos + rot * sin
-        if head < NUM_HEADS:
-            tl.store(q_ptr + (tok * NUM_HEADS + head) * HEAD_DIM + dims, out.to(q_ptr.dtype.element_ty))
-        else:
-            slot = tl.load(slots_ptr + b * stride_sb + n * stride_sn)
-            dst = k_ptr + b * stride_kb + slot * stride_ks + (head - NUM_HEADS) * stride_kh
-            tl.store(dst + dims, out.to(k_ptr.dtype.element_ty))
-    else:
-        slot = tl.load(slots_ptr + b * stride_sb + n * stride_sn)
-        dst = v_ptr + b * stride_vb + slot * stride_vs + (head - NUM_HEADS - NUM_KV) * stride_vh
-        tl.store(dst + dims, tl.load(src + dims))
+    is_q = heads < NUM_HEADS
+    is_v = (heads >= NUM_HEADS + NUM_KV) & (heads < NUM_HEADS + 2 * NUM_KV)
+    is_k = (heads >= NUM_HEADS) & (heads < NUM_HEADS + NUM_KV)
+    live = (is_q | is_k | is_v)[:, None]
+    row = qkv_ptr + b * stride_xb + n * stride_xn + heads[:, None] * HEAD_DIM
+    raw = tl.load(row + dims[None, :], mask=live, other=0.0)
+    x = raw.to(tl.float32)
+    # rotate_half: [-x[half:], x[:half]]
+    partner = tl.load(row + ((dims + half) % HEAD_DIM)[None, :], mask=live, other=0.0).to(tl.float32)
+    rot = tl.where(dims[None, :] < half, -partner, partner)
+    c = b * stride_cb + n * stride_cn + dims
+    cos = tl.load(cos_ptr + c).to(tl.float32)
+    sin = tl.load(sin_ptr + c).to(tl.float32)
+    out = x * cos[None, :] + rot * sin[None, :]
+    q_dst = q_ptr + (tok * NUM_HEADS + heads[:, None]) * HEAD_DIM + dims[None, :]
+    tl.store(q_dst, out.to(q_ptr.dtype.element_ty), mask=is_q[:, None])
+    slot = tl.load(slots_ptr + b * stride_sb + n * stride_sn)
+    k_dst = k_ptr + b * stride_kb + slot * stride_ks + (heads - NUM_HEADS)[:, None] * stride_kh + dims[None, :]
+    tl.store(k_dst, out.to(k_ptr.dtype.element_ty), mask=is_k[:, None])
+    v_dst = v_ptr + b * stride_vb + slot * stride_vs + (heads - NUM_HEADS - NUM_KV)[:, None] * stride_vh
+    tl.store(v_dst + dims[None, :], raw, mask=is_v[:, None])
 
 
 INTERPRETED = interpreted(_rope_cache_kernel)
+
+# Values a program moves: one head each (128 values, one warp) made the lifted 8B's verify pass at 144 rows
+# launch 6,912 tiny programs a layer, 9 us a call against ~1 us of traffic, 338 us of a 9.9 ms tree round
+# (H100, 16 rows, (6, 8) tree, round_profile_b16 in batched_h100.json at 937d7ec; 1.8 us at AR's 16 rows).
+# 1,024 values (8 heads of 128) a program of four warps cuts the programs eightfold. Not yet timed on a GPU.
+PROGRAM_VALUES = 1024
+
+
+def heads_per_program(head_dim: int) -> int:
+    """Heads one program of the kernel ropes and writes: a power of two, ``PROGRAM_VALUES`` values at most."""
+    return max(1, triton.next_power_of_2(PROGRAM_VALUES // head_dim + 1) // 2)
 
 
 # An opaque custom op with undeclared cache writes (the module docstring says why).
@@ -127,7 +140,8 @@ def _rope_cache_op(
         q.copy_(rope_cache_write_ref(qkv, cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads, head_dim))
         return q, tickets
     pdl = uses_pdl(qkv, INTERPRETED)
-    _rope_cache_kernel[(B * N, num_heads + 2 * num_kv_heads)](
+    heads = heads_per_program(head_dim)
+    _rope_cache_kernel[(B * N, triton.cdiv(num_heads + 2 * num_kv_heads, heads))](
         qkv,
         cos,
         sin,
@@ -153,9 +167,10 @@ def _rope_cache_op(
         NUM_HEADS=num_heads,
         NUM_KV=num_kv_heads,
         HEAD_DIM=head_dim,
+        HEADS=heads,
         TICKET_BLOCK=1024,
         USE_PDL=pdl,
-        num_warps=1,
+        num_warps=4 if heads * head_dim >= 1024 else 1,
         **({"launch_pdl": True} if pdl else {}),
     )
     return q, tickets

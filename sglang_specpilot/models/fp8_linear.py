@@ -12,6 +12,13 @@ amax / 448, e4m3's largest finite value), and CUDA runs ``torch._scaled_mm`` (FP
 accumulation, bf16 out). ``fp8_linear_reference`` is the same arithmetic in fp32: the CPU path and the
 tests' reference.
 
+Measured once, as first built (d91641b, H100, lifted 8B, 16 rows; ``round_profile_b16_fp8_d91641b`` in
+batched_h100.json): per draft step the FP8 GEMMs took qkv 27 / o 14 / gate_up 48 / down 38 us against bf16's
+38 / 15 / 81 / 41, but the head (a ``FrozenHead``, not an ``nn.Linear``) stayed bf16 at ~100 us and fc's
+eager input quantization cost ~27 us, so the narrowed (6, 8) tree's round took 9.92 ms against 9.94: no gain.
+Since then the head converts and fc stays bf16 (``KEEP_BF16``); that version is not yet timed, so nothing
+turns it on by default.
+
 ``fp8_drafter`` returns a converted copy that shares every tensor it does not convert (the target's
 embedding, say) and leaves the given drafter as it was: engines of one process share one drafter object.
 """
@@ -47,16 +54,19 @@ class Fp8Linear(nn.Module):
     """``nn.Linear``'s forward over FP8 weights (see the module docstring). Not an ``nn.Linear`` subclass, so
     the bf16 kernels' fusions (``models.linear._path``) pass it by and it runs as one module call."""
 
-    def __init__(self, lin: nn.Linear):
+    def __init__(self, lin: nn.Module):
+        """``lin``: an ``nn.Linear``, or any module computing ``F.linear(x, lin.weight, lin.bias)`` (an EAGLE-3
+        drafter's ``FrozenHead``, whose weight is a buffer and which has no bias)."""
         super().__init__()
-        self.in_features, self.out_features = lin.in_features, lin.out_features
-        if lin.weight.is_cuda and (self.in_features % 16 or self.out_features % 16):  # _scaled_mm's shape rule
-            raise ValueError(f"fp8 drafter weights need both dimensions divisible by 16, got {tuple(lin.weight.shape)}")
-        w8, scale = quantize_rows(lin.weight.detach())
+        weight, bias = lin.weight.detach(), getattr(lin, "bias", None)
+        self.out_features, self.in_features = weight.shape
+        if weight.is_cuda and (self.in_features % 16 or self.out_features % 16):  # _scaled_mm's shape rule
+            raise ValueError(f"fp8 drafter weights need both dimensions divisible by 16, got {tuple(weight.shape)}")
+        w8, scale = quantize_rows(weight)
         self.register_buffer("weight8", w8)
         self.register_buffer("weight_scale", scale.reshape(1, -1).contiguous())
-        self.register_buffer("bias", None if lin.bias is None else lin.bias.detach().clone())
-        self.out_dtype = lin.weight.dtype
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.out_dtype = weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
@@ -73,15 +83,24 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 rowwise"
 
 
-def fp8_drafter(draft: nn.Module, target: nn.Module) -> nn.Module:
-    """A copy of ``draft`` whose own ``nn.Linear`` projections are ``Fp8Linear``. Modules, parameters and
-    buffers it shares with ``target`` (an EAGLE-3 drafter's embedding, a self-drafter's layers) stay shared
-    and unconverted: the target's weights must stay exact. ``draft`` itself is left as it was."""
+# Projections left in bf16, by name. ``fc`` (an EAGLE-3 drafter's feature projection) runs once a round, outside
+# the compiled layer, so its input's quantization ran as ~27 us of separate small kernels against ~4 us saved
+# on its GEMM (H100, 16 rows, round_profile_b16_fp8_d91641b in batched_h100.json).
+KEEP_BF16 = ("fc",)
+
+
+def fp8_drafter(draft: nn.Module, target: nn.Module, keep: tuple[str, ...] = KEEP_BF16) -> nn.Module:
+    """A copy of ``draft`` whose own projections (``nn.Linear``, and an EAGLE-3 ``FrozenHead``) are
+    ``Fp8Linear``, except those named in ``keep``. Modules, parameters and buffers it shares with ``target``
+    (an EAGLE-3 drafter's embedding, a self-drafter's layers) stay shared and unconverted: the target's
+    weights must stay exact. ``draft`` itself is left as it was."""
+    from ..drafters.eagle3 import FrozenHead  # here: the drafters import this package's modules
+
     memo: dict[int, object] = {id(t): t for t in (*target.modules(), *target.parameters(), *target.buffers())}
     shared = set(memo)
     converted = 0
-    for m in draft.modules():
-        if isinstance(m, nn.Linear) and id(m) not in shared:
+    for name, m in draft.named_modules():
+        if isinstance(m, (nn.Linear, FrozenHead)) and id(m) not in shared and name not in keep:
             memo[id(m)] = Fp8Linear(m)
             converted += 1
     if not converted:
