@@ -9,6 +9,7 @@ from sglang_specpilot.engine import Engine, SamplingParams
 from sglang_specpilot.engine.acceptance import ALPHA
 from sglang_specpilot.engine.adaptive_depth import DepthEstimates, batch_depth, best_depth, wanted_depth
 from sglang_specpilot.engine.estimates import SWITCH_MARGIN, most_per_ms, switch_margin
+from sglang_specpilot.engine.round_kinds import kind_key
 from sglang_specpilot.engine.step_curve import StepCurve
 from sglang_specpilot.server.metrics import Metrics
 
@@ -207,3 +208,28 @@ def test_cost_chosen_depths_keep_output_exact(shape):
     m = Metrics()
     m.round(eng.batch)
     assert f'specpilot_adaptive_depth_choices_total{{how="chosen"}} {choices["chosen"]}' in m.render()
+
+
+def test_a_narrowed_main_tree_still_gives_the_main_depth_an_estimate():
+    """Under a shared budget the main tree runs narrowed at larger buckets, and its width may cap its depth
+    (here (6, 4) drafts 4 levels at bucket 4). Its rounds must still estimate the main depth the policy asks
+    about: keyed by the capped depth, adaptive depth fell back to its rule and the chain-or-tree choice stayed
+    unmeasured in every round at 32 and 64 clients on the H100 (937d7ec)."""
+    target = tiny_model("tiny-llama")
+    opts = dict(max_seq_len=320, max_batch_size=8, device="cpu", dtype="float32", tree_budget=16, tree_depth=6)
+    opts |= dict(tree_top_k=4, adaptive_depths=(3, 4), auto_off=True, auto_off_curve=((1, 1.0, 1.5),))
+    eng = Engine(
+        target, WordTokenizer(), EngineOptions(**opts, shared_budget=16, chain_depths=(3,)), target.truncated(1)
+    )
+    pol, b, rows = eng.policy, 4, [0, 1, 2, 3]
+    main = kind_key(eng, 6, b)
+    assert main == (6, 4) and eng.kinds[main].shape.depth == 4  # the width caps the main tree's depth
+    # The H100's step times at 32 rows (937d7ec): the narrowed trees, stock's chain of 3, AR.
+    pol.auto_off.curve = _curve(b, {main: 9.03, (4, 4): 9.03, (3, 4): 8.63, "chain3": 7.99, "ar": 6.38})
+    for r in rows:
+        pol.observe(r, 3, main)  # accepted 2 of the 4 levels drafted
+        pol.chains.update(r, 3, 3.0)  # a chain of 3 would have emitted as many
+    key = pol.choose(rows, b)
+    assert "rule" not in pol.depth_choices and "unmeasured" not in pol.chain_choices
+    assert key == "chain3"  # as many tokens in 7.99 ms as the tree's in 8.63-9.03: the chain
+    assert pol.depth_est.tau(rows, 6) == 3 and pol.depth_est.tau(rows, 3) == 3

@@ -358,12 +358,18 @@ class SpecPolicy:
         if self.chains is not None and col is not None and out_row is not None and out_row[col] >= 0:
             self.chains.observe_tree(row, out_row[col], tokens - 1, d)
         self.acc.observe(row, tokens, d)
+        # Estimates are keyed by the depth the policy chose: a narrowed kind's own depth may be capped by its
+        # width, and the policy asks for the chosen depths' estimates. Keyed by the capped depth, a batch whose
+        # main tree ran narrowed to depth 4 (the (6, 4) tree of 5 nodes a row at 32 and 64 rows under a budget of
+        # 128) never had a depth-6 estimate: on the H100 (937d7ec, batched_h100.json) adaptive depth fell back to
+        # its rule in all 397 rounds at 32 clients and 481 at 64, and the chain-or-tree choice was unmeasured in
+        # 353 and 415, so the tree ran where stock's chain (8.0 against 9.0 ms at 32, 10.3 against 12.5 at 64)
+        # would have served about as many tokens.
+        nominal = key[0] if isinstance(key, tuple) else (self.main_depth if key is None else key)
         if self.depth_est is not None:
-            self.depth_est.observe(row, tokens, d)
+            self.depth_est.observe(row, tokens, nominal)
         if self.widths is not None and out_row is not None:
-            # Estimates are keyed by the depth the policy chose (a narrowed kind's own may be capped by its
-            # width); the ranks are its accepted path's, d entries.
-            nominal = key[0] if isinstance(key, tuple) else (self.main_depth if key is None else key)
+            # The ranks are the accepted path's, d entries.
             w = width_of(self.engine, key)
             col = self.engine.round.rank_col
             self.widths.observe(row, nominal, [w, *widths_below(w)], out_row[col : col + d], tokens)
