@@ -130,6 +130,8 @@ def test_forcing_rejects_outputs_that_are_not_ars(folders, tmp_path, monkeypatch
     worst = f["worst"]  # the largest-margin mismatches, largest first, each with AR's argmax beside it
     assert 0 < len(worst) <= 5 and all(w["token"] != w["argmax"] and w["large"] for w in worst)
     assert [w["token_margin"] for w in worst] == sorted((w["token_margin"] for w in worst), reverse=True)
+    assert all(w["ulps"] > 0 and w["top_logit"] is not None for w in worst)  # the margin in rounding steps
+    assert "ar_worst" in f  # AR's own largest near-ties, the scale the system's are read against
     assert doc["metrics"]["batched_forcing_all_accepted"] == 0
 
 

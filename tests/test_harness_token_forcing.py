@@ -125,3 +125,11 @@ def test_a_few_large_margin_mismatches_reject_even_at_a_low_rate(stock_run):
 def test_score_fn_shape_is_checked():
     with pytest.raises(ValueError):
         token_forcing(lambda p, g: torch.zeros(len(g) + 1, VOCAB), [([1], [2, 3])])
+
+
+def test_bf16_ulps_counts_rounding_steps_at_the_logit_magnitude():
+    from sglang_specpilot.harness.token_forcing import bf16_ulps
+
+    assert bf16_ulps(0.125, 16.0) == 1.0 and bf16_ulps(0.125, 31.9) == 1.0  # [16, 32): step 0.125
+    assert bf16_ulps(0.625, 20.0) == 5.0 and bf16_ulps(0.625, 40.0) == 2.5  # [32, 64): step 0.25
+    assert bf16_ulps(0.625, -20.0) == 5.0 and bf16_ulps(0.0, 0.0) == 0.0

@@ -12,6 +12,7 @@ prompts, not against zero.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,7 +36,8 @@ class Mismatch(JsonMixin):
     """One position where the system's token is not the stock target's argmax.
 
     ``top_margin`` is the target's top-1 minus top-2 logit there; ``token_margin`` is the argmax's
-    logit minus the system token's logit (>= ``top_margin``); ``large`` is ``token_margin > eps``.
+    logit minus the system token's logit (>= ``top_margin``); ``large`` is ``token_margin > eps``;
+    ``top_logit`` the argmax's logit (its magnitude sets the size of a rounding step, ``bf16_ulps``).
     """
 
     sequence: int
@@ -45,6 +47,16 @@ class Mismatch(JsonMixin):
     top_margin: float
     token_margin: float
     large: bool
+    top_logit: float | None = None
+
+
+def bf16_ulps(margin: float, logit: float) -> float:
+    """``margin`` in bf16 rounding steps at the magnitude of ``logit`` (8 significant bits: a step of
+    2^(e - 7) for |logit| in [2^e, 2^(e + 1)))."""
+    mag = abs(logit)
+    if mag == 0:
+        return float("inf") if margin else 0.0
+    return margin / 2.0 ** (math.floor(math.log2(mag)) - 7)
 
 
 @dataclass
@@ -116,6 +128,7 @@ def token_forcing(
                     top_margin=float(top.values[t, 0] - top.values[t, 1]),
                     token_margin=float(token_margin[t]),
                     large=bool(token_margin[t] > eps),
+                    top_logit=float(top.values[t, 0]),
                 )
             )
         tokens += len(generated)

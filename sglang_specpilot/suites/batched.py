@@ -331,7 +331,8 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
         c["forcing"] = {"tokens": rep.tokens, "mismatches": rep.mismatches, "large_margin": rep.large_margin,
                         "ar_mismatches": ar.mismatches, "ar_large_margin": ar.large_margin,
                         "accepted": v.accepted, "reasons": v.reasons,
-                        "worst": worst_mismatches(rep, self.generations[(system, n)])}  # fmt: skip
+                        "worst": worst_mismatches(rep, self.generations[(system, n)]),
+                        "ar_worst": worst_mismatches(ar, self.generations[("ar", n)])}  # fmt: skip
 
     def finish(self) -> None:
         cells = self.out["cells"]  # the carried ones first, marked ``carried_from``
@@ -386,7 +387,10 @@ WORST_KEPT = 5
 
 def worst_mismatches(rep, generations) -> list[dict]:
     """The report's ``WORST_KEPT`` largest-margin mismatches: where (request, position, prompt length), the
-    token emitted and AR's argmax, and both margins (the token's below the max, and the top two's gap)."""
+    token emitted and AR's argmax, both margins (the token's below the max, and the top two's gap), the
+    argmax's logit and the token's margin in bf16 rounding steps at that logit (``bf16_ulps``)."""
+    from ..harness.token_forcing import bf16_ulps
+
     worst = sorted(rep.details, key=lambda m: -m.token_margin)[:WORST_KEPT]
     return [
         {
@@ -398,6 +402,8 @@ def worst_mismatches(rep, generations) -> list[dict]:
             "token_margin": round(m.token_margin, 4),
             "top_margin": round(m.top_margin, 4),
             "large": m.large,
+            "top_logit": None if m.top_logit is None else round(m.top_logit, 4),
+            "ulps": None if m.top_logit is None else round(bf16_ulps(m.token_margin, m.top_logit), 2),
         }
         for m in worst
     ]
