@@ -310,7 +310,7 @@ class Round:
                 )
                 path = padded_path(res, D)
             n, bonus = res.accept_length, res.bonus
-            self.target.kv.commit(seq, path)
+            self.target.kv.commit(seq, path, n)
             if commit is not None:
                 commit_draft(self.draft, seq, commit[0], commit[1], path)
             accepted = block.gather(1, path)  # [B, D + 1]: root, a_1 .. a_n, repeats
