@@ -119,6 +119,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
     p.add_argument("--skip-w12", action="store_true", help="leave out the W12 and TLV systems (no W12 twin is built)")
     p.add_argument("--tlv-chain-len", type=int, default=4, help="TLV: Q-chain tokens (the engine's default)")
+    p.add_argument("--draft-weights", default="bf16", choices=["bf16", "fp8"],
+                   help="the tree systems' drafter projections (models/fp8_linear.py); stock: bf16")  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--gammas", default="3-8", help="stock chain lengths to choose from")
     # Depths 3 and 4 too: in the first H200 sweep (c963b6b) the shortest chain won (gamma 3: 308 tokens/s
@@ -320,6 +322,9 @@ class _Run(RunLog):
             target = self.target_w12 if w12 else self.target
             # weights="w12" says what the W12 twin is (TLV checks it: its Q pass reads the 8-bit view)
             w = {"weights": "w12"} if w12 else {}
+            # SpecPilot's trees may draft with FP8 projections (--draft-weights); stock's chain keeps bf16.
+            if cfg["kind"] == "tree":
+                w["draft_weights"] = self.args.draft_weights
             opts = EngineOptions(**self.base_options(), **config_options(cfg), **w)
             drafter = None if cfg["kind"] == "ar" else self.drafter
             self.engines[key] = Engine(target, self.tok, opts, drafter)
