@@ -133,6 +133,11 @@ def test_forcing_rejects_outputs_that_are_not_ars(folders, tmp_path, monkeypatch
     assert all(w["ulps"] > 0 and w["top_logit"] is not None for w in worst)  # the margin in rounding steps
     assert "ar_worst" in f  # AR's own largest near-ties, the scale the system's are read against
     assert doc["metrics"]["batched_forcing_all_accepted"] == 0
+    assert doc["metrics"]["batched_forcing_rejected_stock_n1"] == 1
+    from sglang_specpilot.harness.headline import _batched_forcing
+
+    assert _batched_forcing(doc["metrics"]) == "; token forcing REJECTED N = 1"  # the README headline says which
+    assert _batched_forcing({"batched_forcing_all_accepted": 1}) == _batched_forcing({}) == ""
 
 
 def test_plot_draws_measured_cells_only(tmp_path):

@@ -62,6 +62,15 @@ def _batched_range(m: dict, base: str, lo_hi: tuple[int, int]) -> str:
     return f"{min(rs):.2f}-{max(rs):.2f}x {base if base == 'stock' else 'AR'} at N {ns[0]}-{ns[-1]}"
 
 
+def _batched_forcing(m: dict) -> str:
+    """A note where token forcing rejected a cell: its figures are not the product's (older files without the
+    flag say nothing)."""
+    if m.get("batched_forcing_all_accepted") != 0:
+        return ""
+    ns = sorted({int(k.rsplit("_n", 1)[1]) for k in m if k.startswith("batched_forcing_rejected_")})
+    return f"; token forcing REJECTED N = {', '.join(map(str, ns)) or '?'}"
+
+
 def _batched_missing(m: dict, n: int) -> str:
     if f"batched_tokens_per_s_specpilot_batched_n{n}" in m:
         return ""
@@ -113,7 +122,7 @@ HEADLINES: tuple[Headline, ...] = (
             m["batched_tokens_per_s_ar_n1"],
             m["batched_speedup_vs_ar_specpilot_batched_n1"],
             f" at 1; {_batched_range(m, 'ar', (2, 64))}; "
-            f"{_batched_range(m, 'stock', (1, 32))}{_batched_missing(m, 64)}",
+            f"{_batched_range(m, 'stock', (1, 32))}{_batched_missing(m, 64)}{_batched_forcing(m)}",
         ),
     ),
     Headline(
@@ -126,7 +135,7 @@ HEADLINES: tuple[Headline, ...] = (
             m["batched_tokens_per_s_specpilot_batched_n1"],
             m["batched_tokens_per_s_ar_n1"],
             m["batched_speedup_vs_ar_specpilot_batched_n1"],
-            f" at 1; {_batched_range(m, 'ar', (2, 64))}; {_batched_range(m, 'stock', (1, 32))}",
+            f" at 1; {_batched_range(m, 'ar', (2, 64))}; {_batched_range(m, 'stock', (1, 32))}{_batched_forcing(m)}",
         ),
     ),
     Headline(

@@ -6,6 +6,7 @@ issue's metrics over the cells (issue 18):
     batched_speedup_vs_ar_n1       the same ratio at N = 1
     batched_ttft_p50_ratio_vs_ar   TTFT p50 of SpecPilot with the mechanisms / AR's, at N = 16
     batched_forcing_all_accepted   1 if token forcing accepted every speculative cell's outputs against AR's
+    batched_forcing_rejected_S_nN  1 for each cell it rejected (system S at N): its figures are not the product's
 
 A metric is written only where every cell it needs was measured; ``incomplete`` lists what is missing, so
 a run cut short by its deadline never reports a minimum over fewer batch sizes as if it were the whole.
@@ -87,8 +88,11 @@ def summarize(cell_list: list[dict], concurrency: list[int]) -> tuple[dict, list
     else:
         incomplete.append(f"batched_speedup_vs_ar_n1: needs {MAIN} and ar at N = 1")
     forced = [c["forcing"]["accepted"] for c in cell_list if "forcing" in c]
-    if forced:  # every speculative cell's token forcing against AR accepted (1) or not (0)
+    if forced:  # every speculative cell's token forcing against AR accepted (1) or not (0), and which were not
         m["batched_forcing_all_accepted"] = int(all(forced))
+        for c in cell_list:
+            if "forcing" in c and not c["forcing"]["accepted"]:
+                m[f"batched_forcing_rejected_{c['system']}_n{c['concurrency']}"] = 1
     if (r := _ratio(cells, MAIN, "ar", TTFT_N, "ttft_p50_s")) is not None:
         m["batched_ttft_p50_ratio_vs_ar"] = round(r, 3)
     else:
