@@ -107,7 +107,9 @@ def worth_tiering(engine, lens: list[int]) -> bool:
     Why: a closed-loop server's clients whose requests end together send their next prompts together. On the
     H100 (lifted 8B, 64 clients x 128 tokens, 2ab09a6, batched_742b745_h100.json's serve_loop_probe_n64) AR's four
     waves of 63 prompts (median ~100 tokens, longest 414) each took 848 ms padded to 64 x 414 slots, 3.4 s
-    of its 7.1 s wall; one packed prompt took 10.4 ms. Untimed on a GPU as tiers."""
+    of its 7.1 s wall; one packed prompt took 10.4 ms. As tiers (937d7ec, H100, 64 clients x 128-256 tokens,
+    batched_h100.json's serve_loop_probe_n64_n32_call4) AR's one wave of 62 (longest 425) took 332 ms, and
+    its admissions 2.7 s of an 8.9 s wall (another session: not a paired A/B)."""
     new = [n for n in lens if n > 0]
     chunk = engine.options.prefill_chunk
     if not (packable(engine) and len(new) >= 2 and max(new) <= chunk):
