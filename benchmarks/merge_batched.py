@@ -21,10 +21,12 @@ import json
 import sys
 from pathlib import Path
 
-from sglang_specpilot.suites.batched_results import readme_table, summarize
-
-sys.path.insert(0, str(Path(__file__).parent))
+# This checkout's package and merge_results beside this file: an installed sglang_specpilot may be another
+# checkout's (an editable install made elsewhere), whose summarize would drop metrics this one writes.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).parent)]
 from merge_results import write  # noqa: E402
+
+from sglang_specpilot.suites.batched_results import readme_table, summarize  # noqa: E402
 
 
 def merge(parts: list[tuple[dict, list[int], str]]) -> dict:

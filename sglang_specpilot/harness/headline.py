@@ -52,13 +52,10 @@ def _batched_ns(m: dict, base: str, lo_hi: tuple[int, int]) -> list[int]:
 
 def _batched_range(m: dict, base: str, lo_hi: tuple[int, int]) -> str:
     """min-max over the measured N in ``lo_hi`` of the mechanisms' tokens/s over ``base``'s."""
-    rs = [
-        m[f"batched_tokens_per_s_specpilot_batched_n{n}"] / m[f"batched_tokens_per_s_{base}_n{n}"]
-        for n in _batched_ns(m, base, lo_hi)
-    ]
-    if not rs:
-        raise KeyError(f"batched_tokens_per_s_{base}_n*")
     ns = _batched_ns(m, base, lo_hi)
+    if not ns:
+        raise KeyError(f"batched_tokens_per_s_{base}_n*")
+    rs = [m[f"batched_tokens_per_s_specpilot_batched_n{n}"] / m[f"batched_tokens_per_s_{base}_n{n}"] for n in ns]
     return f"{min(rs):.2f}-{max(rs):.2f}x {base if base == 'stock' else 'AR'} at N {ns[0]}-{ns[-1]}"
 
 
