@@ -85,11 +85,11 @@ def test_a_failed_round_fails_its_requests_only():
     params = SamplingParams(max_new_tokens=5, ignore_eos=True)
     step, calls = sched.batch.step, []
 
-    def broken_once():
+    def broken_once(**kw):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("device fell over")
-        return step()
+        return step(**kw)
 
     sched.batch.step = broken_once
     sched.start()

@@ -74,9 +74,9 @@ def test_sixteen_concurrent_clients(client, live_server):
     batch = live_server.scheduler.batch
     sizes, step = [], batch.step
 
-    def spy():
+    def spy(**kw):
         sizes.append(batch.active)
-        return step()
+        return step(**kw)
 
     batch.step = spy
     try:

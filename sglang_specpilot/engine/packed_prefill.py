@@ -155,13 +155,15 @@ class PackedRows:
         self.base.copy_(torch.tensor([base] * len(rows) + [max_seq] * pad))
 
 
-def _core(engine, B: int, ins: PackedRows, W: int) -> torch.Tensor:
+def _core(engine, B: int, ins: PackedRows, W: int, commit: bool = True):
     """The packed prefill of ``ins`` in a batch of ``B`` rows at width ``W``: last-position logits [B, V]
-    (zeros in rows not prefilled). Tensor work only, with shapes fixed by (B, S, W): capturable."""
-    return _core_parts(engine, B, [(ins, W)])
+    (zeros in rows not prefilled). Tensor work only, with shapes fixed by (B, S, W): capturable. With
+    ``commit`` False it writes only the prompts' own K/V and returns (logits, ``Pending``): the round
+    state they leave (``commit_pending``) is written apart, where the caller orders it."""
+    return _core_parts(engine, B, [(ins, W)], commit)
 
 
-def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]]) -> torch.Tensor:
+def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]], commit: bool = True):
     """``_core`` for several groups of slots, each at its own width, in one target pass: the projections and
     the MLP read every weight once for all of them (``mixed_forward``), attention runs per group."""
     st, dev, max_seq = engine.state, engine.device, engine.options.max_seq_len
@@ -176,7 +178,7 @@ def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]]) -> torch.Te
         groups.append(Group(st.history[rows, :W], pos, base[:, None] + pos, None, rows, logit_rows=last_row,
                             feature_layers=fl))  # fmt: skip
     outs = mixed_forward(engine.target, groups, engine.target_runner.kv.layers)
-    last = None
+    last, pending = None, []
     for group, out, (used, keep) in zip(groups, outs, keeps, strict=True):
         logits, feats = out if fl is not None else (out, None)
         # Per row of the batch. index_add, not index_copy: unused slots name row 0 and add zeros, so they never
@@ -185,77 +187,114 @@ def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]]) -> torch.Te
         if last is None:
             last = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=dev)
         last.index_add_(0, group.rows, logits)
-        draft_prefill(engine, B, group, keep, feats)
-    return last
+        pending += draft_prefill(engine, B, group, keep, feats, commit)
+    return last if commit else (last, pending)
 
 
-def draft_prefill(engine, B: int, group: Group, keep: torch.Tensor, feats: torch.Tensor | None) -> None:
+def commit_pending(st, B: int, pending: list) -> None:
+    """Write the round state a packed prefill run with ``commit`` False left pending (an EAGLE-3 drafter's
+    last features, ``last_features``) into rows 0 .. B - 1; a few small kernels on the current stream."""
+    for kept, feat_b in pending:
+        st.feats[:B, 0] = torch.where(kept[:, None], feat_b, st.feats[:B, 0])
+        st.n_prev[:B] = torch.where(kept, 0, st.n_prev[:B])
+
+
+def draft_prefill(engine, B: int, group: Group, keep: torch.Tensor, feats: torch.Tensor | None, commit: bool = True):
     """The drafter's half of a packed prefill whose target half already ran (``group``: the prompts' packed
     rows, [S, W]; ``feats``: the target's features where the drafter is EAGLE-3), written into the same rows
     and slots; ``keep`` [S]: the slots whose rows keep state. Shared by this prefill and the carrying round
     (``admission.carry``), whose drafter prefill ran padded over every row of the bucket before: 16 x 64
-    tokens through the drafter's eager step for one 64-token prompt at bucket 16. Tensor work only."""
+    tokens through the drafter's eager step for one 64-token prompt at bucket 16. Tensor work only. Returns
+    the round state left to write (``commit_pending``): none with ``commit``, which writes it here."""
     if engine.draft_runner is None:
-        return
+        return []
     toks, pos, slots, rows = group.tokens, group.positions, group.slots, group.rows
     draft_kv = engine.draft_runner.kv.layers
     if feats is None:  # a Transformer drafter: packed alike (its logits are not read)
         mixed_forward(engine.draft, [Group(toks, pos, slots, None, rows, logit_rows=group.logit_rows)], draft_kv)
-        return
+        return []
     # An EAGLE-3 drafter, as ``Engine._prefill_eagle`` for one chunk: its layer's K/V (``prefill_inputs``).
     g = engine.draft.prefill_inputs(feats)
     x2, cos, sin, _ = engine.draft._layer_inputs(toks, pos, g)
     engine.draft.layers[0].write_kv(x2, cos, sin, *draft_kv[0], rows[:, None], slots)
-    keep_last_features(engine.state, B, rows, keep, feats, group.logit_rows)
+    pending = [last_features(engine.state, B, rows, keep, feats, group.logit_rows)]
+    if commit:
+        commit_pending(engine.state, B, pending)
+        return []
+    return pending
 
 
-def keep_last_features(st, B: int, rows, keep, feats, last_row) -> None:
+def last_features(st, B: int, rows, keep, feats, last_row) -> tuple[torch.Tensor, torch.Tensor]:
     """An EAGLE-3 drafter's round state for prompts just prefilled in packed slots (``rows``, ``keep`` [S]):
-    each kept slot's last target feature (``feats`` [S, W, F] at ``last_row`` [S, 1]) waits in its row's
-    ``st.feats[row, 0]`` for the first round, which feeds it with the first emitted token (n_prev 0). Rows
-    0 .. B - 1 of no kept slot keep their state; unused slots name row 0 and add zeros (index_add). Tensor
-    work only (capturable)."""
+    each kept slot's last target feature (``feats`` [S, W, F] at ``last_row`` [S, 1]) is to wait in its row's
+    ``st.feats[row, 0]`` for the first round, which feeds it with the first emitted token (n_prev 0).
+    Returns (kept [B] bool, feat_b [B, F]) for ``commit_pending``: rows 0 .. B - 1 of no kept slot keep their
+    state; unused slots name row 0 and add zeros (index_add). Tensor work only (capturable)."""
     F_, dev = feats.shape[-1], feats.device
     last = feats.gather(1, last_row[:, :, None].expand(-1, 1, F_))[:, 0]
     last = torch.where(keep[:, None], last, 0).to(st.feats.dtype)
     kept = torch.zeros(B, dtype=torch.long, device=dev).index_add_(0, rows, keep.long()) > 0
     feat_b = torch.zeros(B, F_, dtype=st.feats.dtype, device=dev).index_add_(0, rows, last)
-    st.feats[:B, 0] = torch.where(kept[:, None], feat_b, st.feats[:B, 0])
-    st.n_prev[:B] = torch.where(kept, 0, st.n_prev[:B])
+    return kept, feat_b
 
 
 @torch.inference_mode()
-def packed_prefill(engine, lens: list[int], slot0: int = 0) -> torch.Tensor:
+def packed_prefill(engine, lens: list[int], slot0: int = 0, commit: bool = True):
     """``Engine.prefill_rows`` for the rows with ``lens[b] > 0`` alone: last-position logits [B, V] (zeros in
     the other rows, which nothing is written for). ``slot0`` = max_seq_len writes only scratch slots and
-    keeps no row state (the warm-up's cost probe). The prompts are in rows 0 .. B - 1 of the engine's state."""
-    from .engine import prefill_width
-
+    keeps no row state (the warm-up's cost probe). The prompts are in rows 0 .. B - 1 of the engine's state.
+    With ``commit`` False, (logits, pending) as ``_core`` returns them: the caller writes the round state."""
     B = len(lens)
     new = [i for i, n in enumerate(lens) if n > 0]
     lens_new = [lens[i] for i in new]
     graphs = engine.packed_graphs
     key = graphs.key(B, len(new), max(lens_new)) if graphs is not None else None
     if key in (graphs or ()):
-        return graphs.replay(key, new, lens_new, slot0)[:B]
-    dev, chunk = engine.device, engine.options.prefill_chunk
-    parts = []
-    for tier in width_tiers(lens, chunk):
-        rows = torch.tensor(tier, device=dev)
-        ins = PackedRows(rows, torch.tensor([lens[i] for i in tier], device=dev), torch.full_like(rows, slot0))
-        parts.append((ins, prefill_width(max(lens[i] for i in tier), chunk)))
-    return _core_parts(engine, B, parts)
+        last, pending = graphs.replay(key, new, lens_new, slot0)
+        last = last[:B]
+    else:
+        from .engine import prefill_width
+
+        dev, chunk = engine.device, engine.options.prefill_chunk
+        parts = []
+        for tier in width_tiers(lens, chunk):
+            rows = torch.tensor(tier, device=dev)
+            ins = PackedRows(rows, torch.tensor([lens[i] for i in tier], device=dev), torch.full_like(rows, slot0))
+            parts.append((ins, prefill_width(max(lens[i] for i in tier), chunk)))
+        last, pending = _core_parts(engine, B, parts, commit=False)
+    if not commit:
+        return last, pending
+    commit_pending(engine.state, B, pending)
+    return last
+
+
+def packed_width(engine, B: int, lens: list[int]) -> int:
+    """The slots 0 .. W - 1 of each of their rows that ``packed_prefill`` writes for prompts of ``lens``
+    tokens among ``B`` rows: the captured prefill's width where one holds them, else the widest tier's."""
+    from .engine import prefill_width
+
+    chunk, graphs = engine.options.prefill_chunk, engine.packed_graphs
+    key = graphs.key(B, len(lens), max(lens)) if graphs is not None else None
+    return key[2] if key in (graphs or ()) else prefill_width(max(lens), chunk)
 
 
 class PackedGraphs:
     """``_core`` captured per (bucket, slots, width) on CUDA, as ``admission.CarryingGraphs`` does for
     carrying rounds. Captured with every slot unused, so the captures write only scratch slots and keep no
-    row state. One memory pool for all: they are replayed one at a time."""
+    row state. One memory pool for all: they are replayed one at a time.
+
+    Captured on a capture stream of their own, not torch's default one, which every other capture shares:
+    cuBLAS keeps a workspace per (handle, stream), and a graph bakes in the one of the stream it was
+    captured on. A prefill that overtakes the rounds in flight (``RowBatch``, on a stream of higher
+    priority) replays beside a round's graph, so the two must not share a workspace. The round state the
+    prefill leaves (``commit_pending``) stays out of the graph for the same reason: the caller writes it
+    where the rounds in flight are done with it."""
 
     def __init__(self, engine):
         self.engine = engine
-        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PackedRows, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PackedRows, tuple]] = {}
         self._pool = None  # made at the first capture (CUDA)
+        self._stream = None  # the capture stream (CUDA)
         self.refused: dict[tuple[int, int, int], str] = {}  # key -> why its capture failed
 
     def __contains__(self, key) -> bool:
@@ -291,16 +330,18 @@ class PackedGraphs:
             side_stream_warmup(lambda: _core(eng, B, ins, W))
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
+                self._stream = torch.cuda.Stream()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = _core(eng, B, ins, W)
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                out = _core(eng, B, ins, W, commit=False)
         except Exception as e:  # noqa: BLE001 - a key that cannot be captured is not packed in a graph
             self.refused[key] = f"{type(e).__name__}: {e}"
             log.warning("packed prefill %s not captured (the padded or eager prefill serves it): %s", key, e)
             return
         self._graphs[key] = (graph, ins, out)
 
-    def replay(self, key, rows: list[int], lens: list[int], slot0: int = 0) -> torch.Tensor:
+    def replay(self, key, rows: list[int], lens: list[int], slot0: int = 0) -> tuple:
+        """(logits [bucket, V], pending round state) of the prompts ``lens`` in ``rows``."""
         graph, ins, out = self._graphs[key]
         ins.fill(rows, lens, slot0, self.engine.options.max_seq_len)
         graph.replay()

@@ -63,6 +63,7 @@ class Metrics:
         self.batch_rounds = 0
         self.row_rounds = 0
         self.round_tokens = 0
+        self.overtaken = 0  # prompts prefilled beside the rounds in flight (RowBatch._overtake)
         self._recent: deque[tuple[float, int]] = deque()
         # Batched-serving decisions (issue 18), copied from the engine's round policy each round.
         self.spec_decisions: dict[str, int] = {}
@@ -102,6 +103,7 @@ class Metrics:
         with self._lock:
             self.batch_rounds += 1
             self.row_rounds, self.round_tokens = batch.rounds, batch.round_tokens
+            self.overtaken = getattr(batch, "overtaken", 0)
             if getattr(batch, "admission", 0):
                 self.admissions = dict(batch.admissions)
                 self.carrying_kinds = dict(getattr(batch, "carrying_kinds", {}))
@@ -288,6 +290,13 @@ class Metrics:
                     "counter",
                     "Engine rounds (AR steps or speculative rounds) run.",
                     [({}, self.batch_rounds)],
+                ),
+                (
+                    "prefill_overtakes_total",
+                    "counter",
+                    "Prompts prefilled beside the rounds in flight (on a stream of higher priority) instead of "
+                    "after them.",
+                    [({}, self.overtaken)],
                 ),
                 (
                     "tokens_per_second",

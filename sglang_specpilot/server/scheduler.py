@@ -102,7 +102,7 @@ class Scheduler:
             try:
                 self._admit()
                 if self._busy():
-                    self._dispatch(self.batch.step())
+                    self._dispatch(self.batch.step(between=self._poll))
                     self.metrics.round(self.batch)
             except Exception as e:  # a failed round must not take the server down: fail its requests only
                 log.exception("engine round failed; failing the requests in it")
@@ -161,8 +161,17 @@ class Scheduler:
         self._waiting = deque(s for s in self._waiting if id(s) not in chosen)
         return picked
 
-    def _admit(self) -> None:
-        n = min(len(self._waiting), len(self.batch.free_rows))
+    def _poll(self) -> None:
+        """Called while a round runs (``RowBatch.step``): take in new submissions and admit, one at a time,
+        those the batch can prefill beside the rounds in flight (``RowBatch.overtake_row``); the others wait
+        for the round boundary as before. The first waiting submission is the one ``_take_fair`` picks."""
+        self._drain(block=False)
+        row_for = getattr(self.batch, "overtake_row", None)
+        while self._waiting and row_for is not None and row_for(len(self._waiting[0].request.prompt)) is not None:
+            self._admit(limit=1)
+
+    def _admit(self, limit: int | None = None) -> None:
+        n = min(len(self._waiting), len(self.batch.free_rows), limit or len(self._waiting))
         if not n:
             return
         subs = self._take_fair(n)

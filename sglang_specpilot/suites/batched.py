@@ -414,6 +414,7 @@ def _decisions(eng) -> dict:
     p, b = eng.policy, eng.batch
     out = {"admissions": dict(b.admissions), "row_rounds": b.rounds, "round_tokens": b.round_tokens}
     out["carrying_kinds"] = dict(b.carrying_kinds)
+    out["overtaken"] = b.overtaken  # prompts prefilled beside the rounds in flight (RowBatch._overtake)
     if p is not None:
         out |= {
             "speculation": dict(p.decisions),

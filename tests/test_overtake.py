@@ -1,0 +1,186 @@
+"""Overtaking prefill (``RowBatch._overtake``): a prompt admitted while rounds are in flight is prefilled
+into a free row whose kept length lies past every slot it writes, beside those rounds (on CUDA, on a stream
+of higher priority). On the CPU the same bookkeeping runs in order, with the lookahead turned on: which row
+it takes, what it writes where, and greedy output equal to each request alone."""
+
+import pytest
+import torch
+from helpers import WordTokenizer, prompts, tiny_model
+
+from sglang_specpilot.config import EngineOptions
+from sglang_specpilot.engine import Engine, SamplingParams
+from sglang_specpilot.engine.rows import OVERTAKE_MARGIN
+from sglang_specpilot.server.scheduler import Scheduler
+
+SHAPES = {
+    "ar": {},
+    "tree": {"tree_budget": 8, "tree_depth": 4, "tree_top_k": 2},
+}
+
+
+def _engine(target, draft, shape):
+    opts = EngineOptions(max_seq_len=512, max_batch_size=4, device="cpu", dtype="float32", **SHAPES[shape])
+    return Engine(target, WordTokenizer(), opts, draft)
+
+
+def _drafter(kind, target):
+    if kind == "eagle3":
+        from sglang_specpilot.drafters.eagle3 import init_eagle3
+
+        torch.manual_seed(0)
+        return init_eagle3(target)
+    return None if kind == "none" else target.truncated(1)
+
+
+def _row_state(st, row: int) -> list[torch.Tensor]:
+    """A row's round state: history, length, next token, in use, and an EAGLE-3 drafter's feature and n_prev."""
+    out = [st.history[row], st.seq_len[row], st.next_tok[row], st.in_use[row]]
+    out += [st.feats[row, 0], st.n_prev[row]] if st.feats is not None else []
+    return [t.clone() for t in out]
+
+
+def _serve(eng, schedule, overtake=True, snaps=None):
+    """Drive the batch with the lookahead on: ``schedule[t]`` = (prompt, new tokens) arriving before step t.
+    Returns each request's tokens, its row and its rounds; ``snaps`` (a list) gets, at each admission, the
+    new rows' round state."""
+    batch = eng.batch
+    batch.lookahead, batch.overtake = True, overtake
+    reqs, out, in_row, t = [], {}, {}, 0
+    while t < len(schedule) or batch.busy:
+        work = schedule[t] if t < len(schedule) else []
+        arriving = [eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in work]
+        reqs += arriving
+        events = batch.admit(arriving) if arriving else []
+        in_row |= {r.index: r for r in arriving}
+        if snaps is not None:
+            snaps += [_row_state(eng.state, r.index) for r in arriving]
+        events += batch.step() if batch.busy else []
+        for ev in events:
+            out.setdefault(id(in_row[ev.index]), []).extend(ev.token_ids)
+        t += 1
+    return [out[id(r)] for r in reqs], [r.index for r in reqs], [r.rounds for r in reqs]
+
+
+@pytest.mark.parametrize("shape,drafter", [("ar", "none"), ("tree", "layer"), ("tree", "eagle3")])
+def test_overtaking_prefill_equals_each_request_alone(shape, drafter):
+    V = 12 if drafter == "eagle3" else None
+    target = tiny_model("tiny-llama", **({"vocab_size": V} if V else {}))
+    draft = _drafter(drafter, target)
+    long_a, long_b, short_c, short_d = prompts([100, 90, 30, 50], target.cfg.vocab_size, seed=5)
+    alone_eng = _engine(target, draft, shape)
+    work = [(long_a, 40), (long_b, 90), (short_c, 20), (short_d, 25)]
+    alone = [alone_eng.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids for p, n in work]
+    eng = _engine(target, draft, shape)
+    # a and b start together; c and d arrive once a has finished (its row keeps length >= 140), one by one.
+    schedule = [[work[0], work[1]]] + [[]] * 45 + [[work[2]], [], [work[3]]]
+    snaps, snaps_off = [], []
+    got, rows, rounds = _serve(eng, schedule, snaps=snaps)
+    assert got == alone
+    assert eng.batch.overtaken >= 1
+    assert rows[2] == rows[0]  # the row a left, the lowest whose kept length clears c's 64 slots + margin
+    # The drafter's state (an EAGLE-3 drafter's last prompt feature) is what the prefill after the rounds
+    # leaves: the same drafts, so the same rounds, as with overtaking off.
+    off = _engine(target, draft, shape)
+    got_off, rows_off, rounds_off = _serve(off, schedule, overtake=False, snaps=snaps_off)
+    assert (got_off, rows_off, off.batch.overtaken) == (alone, rows, 0)
+    assert rounds == rounds_off
+    for new, old in zip(snaps, snaps_off, strict=True):  # history, length, next token, in use, features, n_prev
+        for a, b in zip(new, old, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def _batch_with_free_row(kept: int):
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, None, "ar")
+    batch = eng.batch
+    batch.lookahead = batch.overtake = True
+    (p,) = prompts([5], target.cfg.vocab_size, seed=1)
+    batch.admit([eng.new_request(p, SamplingParams(max_new_tokens=50, ignore_eos=True))])
+    batch.step()
+    batch.host_len[0] = kept  # as if the request had reached this length when it left
+    return batch
+
+
+def test_overtake_row_needs_the_kept_length_past_every_slot_written():
+    need = 64 + OVERTAKE_MARGIN  # a prompt of <= 64 tokens writes slots 0 .. 63
+    batch = _batch_with_free_row(need)
+    batch.release(0)
+    assert batch.overtake_row(64) == 0
+    assert batch.overtake_row(65) is None  # 128 slots written: past the kept length's margin
+    batch._inflight = None
+    assert batch.overtake_row(10) is None  # nothing in flight: the separate prefill runs at once
+
+
+def test_no_overtake_into_rows_never_used_short_or_cleared():
+    batch = _batch_with_free_row(64 + OVERTAKE_MARGIN - 1)
+    assert batch.overtake_row(10) is None  # rows 1..3 never held a request; row 0 is in use
+    batch.release(0)
+    assert batch.overtake_row(10) is None  # row 0 kept one slot too few
+    batch.host_len[1] = 1000
+    batch.rows[1] = object()
+    batch.release(1, clear_kv=True)  # its K/V is zeroed after the rounds in flight: nothing may overtake that
+    assert batch.overtake_row(10) is None
+
+
+def test_off_keeps_the_old_path():
+    batch = _batch_with_free_row(1000)
+    batch.release(0)
+    batch.overtake = False
+    assert batch.overtake_row(10) is None
+
+
+class _FakeBatch:
+    """What ``Scheduler._poll`` reads: free rows and which prompt lengths may overtake."""
+
+    def __init__(self, limit):
+        self.limit, self.admitted, self.free_rows = limit, [], [0, 1, 2]
+
+    def overtake_row(self, n):
+        return 0 if n <= self.limit else None
+
+
+def test_poll_admits_only_prompts_that_can_overtake(monkeypatch):
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, None, "ar")
+    sched = Scheduler(eng)
+    fake = _FakeBatch(limit=10)
+    sched.batch = fake
+    taken = []
+    monkeypatch.setattr(sched, "_admit", lambda limit=None: taken.append(sched._waiting.popleft()))
+    short, long_ = prompts([5, 20], target.cfg.vocab_size, seed=2)
+    params = SamplingParams(max_new_tokens=3)
+    sched.submit(eng.new_request(short, params), lambda ev: None)
+    sched._poll()
+    assert [len(s.request.prompt) for s in taken] == [5]
+    sched.submit(eng.new_request(long_, params), lambda ev: None)
+    sched.submit(eng.new_request(short, params), lambda ev: None)
+    sched._poll()  # the first in line cannot overtake: it and those behind it wait for the round boundary
+    assert len(taken) == 1 and len(sched._waiting) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["none", "layer", "eagle3"])
+def test_overtaking_prefill_on_cuda_equals_each_request_alone_gpu(kind):
+    """On CUDA the prefill replays a captured packed graph on a stream of higher priority while the rounds
+    in flight run on their own: prompts that take it get the tokens they get alone, and so do the rows
+    whose rounds ran beside it."""
+    target = tiny_model("tiny-llama", **({"vocab_size": 12} if kind == "eagle3" else {})).cuda()
+    shape = {} if kind == "none" else {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
+    opts = EngineOptions(
+        max_seq_len=512, max_batch_size=8, graph_batch_sizes=(8,), device="cuda", dtype="float32", compile=False,
+        **shape,
+    )  # fmt: skip
+    drafter = _drafter(kind, target)
+    eng = Engine(target, WordTokenizer(), opts, drafter.cuda() if drafter is not None else None)
+    eng.warmup()
+    assert (8, 1, 64) in eng.packed_graphs
+    V = eng.target.cfg.vocab_size
+    longs = prompts([100, 90, 95, 110, 105, 98], V, seed=7)
+    shorts = prompts([30, 50, 12, 60], V, seed=8)
+    work = [(p, n) for p, n in zip(longs, [40, 120, 45, 120, 50, 120], strict=True)]
+    work += [(p, 30) for p in shorts]
+    alone = [eng.generate([p], SamplingParams(max_new_tokens=n, ignore_eos=True))[0].token_ids for p, n in work]
+    schedule = [work[:6]] + [[]] * 60 + [[w] for w in work[6:]]
+    got, _, _ = _serve(eng, schedule)
+    assert got == alone
+    assert eng.batch.overtaken >= 2
