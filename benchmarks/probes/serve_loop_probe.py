@@ -40,11 +40,13 @@ def launch(self):
     return inflight
 
 
-def step(self):
+def step(self, between=None):
+    """A step's wall, less the admissions the scheduler ran inside it (``between``: overtaking prefills)."""
     t0 = time.perf_counter()
     self._probe_launch = {"kind": "none", "rows": 0, "riders": 0}
-    out = _step(self)
-    LOG.append({"what": "step", "s": time.perf_counter() - t0, "t": t0, **self._probe_launch,
+    self._probe_inner = 0.0
+    out = _step(self, between=between)
+    LOG.append({"what": "step", "s": time.perf_counter() - t0 - self._probe_inner, "t": t0, **self._probe_launch,
                 "emitted": sum(len(e.token_ids) for e in out)})  # fmt: skip
     return out
 
@@ -52,7 +54,9 @@ def step(self):
 def admit(self, reqs):
     t0 = time.perf_counter()
     out = _admit(self, reqs)
-    LOG.append({"what": "admit", "s": time.perf_counter() - t0, "t": t0, "n": len(reqs)})
+    s = time.perf_counter() - t0
+    self._probe_inner = getattr(self, "_probe_inner", 0.0) + s
+    LOG.append({"what": "admit", "s": s, "t": t0, "n": len(reqs)})
     return out
 
 
