@@ -7,8 +7,10 @@ from admission to release, and a released row is reused as it is, since nothing 
 ever attended to.
 
 A step runs rows ``0 .. hi-1`` padded up to a batch bucket (the graph ladder); free rows ride along with
-length 1 and ``in_use`` False, so they only write into their own, unowned row. Admission fills the
-lowest free row first to keep ``hi`` small. A lone request in row 0 runs exactly the shapes of a batch of
+``in_use`` False at the length their last request left (or 1), so they only write into their own, unowned
+row, past that length. Admission fills the lowest free row first to keep ``hi`` small; a prompt admitted
+while rounds are in flight may instead take a free row whose kept length clears its prefill's slots and be
+prefilled beside those rounds (``_overtake``). A lone request in row 0 runs exactly the shapes of a batch of
 one, so greedy output does not depend on how a request arrived.
 
 Lookahead (CUDA): ``step()`` launches round t + 1 before it reads round t's tokens back, so the GPU never
