@@ -184,3 +184,20 @@ def test_overtaking_prefill_on_cuda_equals_each_request_alone_gpu(kind):
     got, _, _ = _serve(eng, schedule)
     assert got == alone
     assert eng.batch.overtaken >= 2
+
+
+def test_own_counters_swaps_each_layer_once_and_restores():
+    from sglang_specpilot.models.linear import Linear, own_counters
+
+    target = tiny_model("tiny-llama")
+    layers = [m for m in target.modules() if isinstance(m, Linear)][:3]
+    shared = [torch.zeros(8, dtype=torch.int32) for _ in layers]
+    for m, c in zip(layers, shared, strict=True):
+        m.counters = c
+    kept = {}
+    with own_counters((target, target), kept):  # a model given twice (a drafter sharing the target's head)
+        inside = [m.counters for m in layers]
+    assert all(a is kept[m] and a is not c for a, m, c in zip(inside, layers, shared, strict=True))
+    assert all(m.counters is c for m, c in zip(layers, shared, strict=True))
+    with own_counters((target,), kept):  # the same private buffers the next capture: graphs keep their address
+        assert all(m.counters is a for m, a in zip(layers, inside, strict=True))

@@ -38,6 +38,7 @@ import os
 
 import torch
 
+from ..models.linear import own_counters
 from ..models.llama import Transformer
 from ..models.mixed_forward import Group, mixed_forward
 from .runner import PREFILL_GRAPH_MAX_BATCH, side_stream_warmup
@@ -283,18 +284,21 @@ class PackedGraphs:
     carrying rounds. Captured with every slot unused, so the captures write only scratch slots and keep no
     row state. One memory pool for all: they are replayed one at a time.
 
-    Captured on a capture stream of their own, not torch's default one, which every other capture shares:
-    cuBLAS keeps a workspace per (handle, stream), and a graph bakes in the one of the stream it was
-    captured on. A prefill that overtakes the rounds in flight (``RowBatch``, on a stream of higher
-    priority) replays beside a round's graph, so the two must not share a workspace. The round state the
-    prefill leaves (``commit_pending``) stays out of the graph for the same reason: the caller writes it
-    where the rounds in flight are done with it."""
+    A prefill that overtakes the rounds in flight (``RowBatch._overtake``, on a stream of higher priority)
+    replays beside a round's graph, so the two share no scratch memory: they are captured on a capture
+    stream of their own, not torch's default one that every other capture shares (cuBLAS keeps a workspace
+    per (handle, stream), and a graph bakes in the one of the stream it was captured on), and with split-K
+    counters of their own for the projections that take the verify-rows GEMMs (``linear.own_counters``: a
+    1 x 64-token prefill is 64 rows, and the head sees one row a slot). The round state the prefill leaves
+    (``commit_pending``) stays out of the graph for the same reason: the caller writes it where the rounds in
+    flight are done with it."""
 
     def __init__(self, engine):
         self.engine = engine
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, PackedRows, tuple]] = {}
         self._pool = None  # made at the first capture (CUDA)
         self._stream = None  # the capture stream (CUDA)
+        self._counters: dict = {}  # Linear -> the split-K counters its captures use (``own_counters``)
         self.refused: dict[tuple[int, int, int], str] = {}  # key -> why its capture failed
 
     def __contains__(self, key) -> bool:
@@ -327,13 +331,14 @@ class PackedGraphs:
         B, S, W = key
         ins = PackedRows.unused(S, eng.options.max_seq_len, eng.device)
         try:
-            side_stream_warmup(lambda: _core(eng, B, ins, W))
+            side_stream_warmup(lambda: _core(eng, B, ins, W, commit=False))
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
                 self._stream = torch.cuda.Stream()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-                out = _core(eng, B, ins, W, commit=False)
+            with own_counters((eng.target, eng.draft), self._counters):
+                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                    out = _core(eng, B, ins, W, commit=False)
         except Exception as e:  # noqa: BLE001 - a key that cannot be captured is not packed in a graph
             self.refused[key] = f"{type(e).__name__}: {e}"
             log.warning("packed prefill %s not captured (the padded or eager prefill serves it): %s", key, e)

@@ -14,6 +14,7 @@ near-tie may tip, which token forcing judges (the same holds between cuBLAS's ow
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -154,6 +155,29 @@ def set_decode_gemv(model: nn.Module, on: bool, verify: bool = False) -> int:
             # tune_h100.json attachments.smollm2_anomaly_run_D). Engines sharing it run one at a time.
             n += m.decode_gemv
     return n
+
+
+@contextlib.contextmanager
+def own_counters(models, kept: dict):
+    """Inside, every ``Linear`` of ``models`` that has split-K counters uses a buffer of its own (made once,
+    kept in ``kept`` by module: a graph captured inside keeps its address), so work captured inside may run
+    beside the rounds' graphs on another stream: two launches that share a layer's counters must not overlap
+    (a split's ticket would count the other's arrivals). Restored on the way out."""
+    swapped, seen = [], set()
+    for model in models:
+        for m in model.modules() if model is not None else ():
+            c = getattr(m, "counters", None)
+            if isinstance(m, Linear) and c is not None and id(m) not in seen:  # a module two models share: once
+                seen.add(id(m))
+                if m not in kept:
+                    kept[m] = torch.zeros_like(c)
+                swapped.append((m, c))
+                m.counters = kept[m]
+    try:
+        yield
+    finally:
+        for m, c in reversed(swapped):
+            m.counters = c
 
 
 def verify_gemm_layers(model: nn.Module) -> int:
