@@ -196,8 +196,9 @@ def commit_pending(st, B: int, pending: list) -> None:
     """Write the round state a packed prefill run with ``commit`` False left pending (an EAGLE-3 drafter's
     last features, ``last_features``) into rows 0 .. B - 1; a few small kernels on the current stream."""
     for kept, feat_b in pending:
-        st.feats[:B, 0] = torch.where(kept[:, None], feat_b, st.feats[:B, 0])
-        st.n_prev[:B] = torch.where(kept, 0, st.n_prev[:B])
+        n = kept.shape[0]  # a captured prefill's bucket (>= B): its rows past B are kept by none
+        st.feats[:n, 0] = torch.where(kept[:, None], feat_b, st.feats[:n, 0])
+        st.n_prev[:n] = torch.where(kept, 0, st.n_prev[:n])
 
 
 def draft_prefill(engine, B: int, group: Group, keep: torch.Tensor, feats: torch.Tensor | None, commit: bool = True):
