@@ -201,3 +201,17 @@ def test_own_counters_swaps_each_layer_once_and_restores():
     assert all(m.counters is c for m, c in zip(layers, shared, strict=True))
     with own_counters((target,), kept):  # the same private buffers the next capture: graphs keep their address
         assert all(m.counters is a for m, a in zip(layers, inside, strict=True))
+
+
+def test_commit_pending_writes_a_captured_buckets_rows():
+    """A captured prefill's pending state is bucket-sized (8 rows here) while fewer rows are in use: rows
+    it kept take its features and n_prev 0, the others keep theirs (the GPU's first failure: B-sized)."""
+    from types import SimpleNamespace
+
+    from sglang_specpilot.engine.packed_prefill import commit_pending
+
+    st = SimpleNamespace(feats=torch.ones(8, 3, 4), n_prev=torch.full((8,), 5))
+    kept = torch.tensor([False, True] + [False] * 6)
+    commit_pending(st, 2, [(kept, torch.full((8, 4), 7.0))])
+    assert st.feats[1, 0].tolist() == [7.0] * 4 and st.n_prev[1] == 0
+    assert st.feats[0, 0].tolist() == [1.0] * 4 and st.n_prev.tolist() == [5, 0] + [5] * 6
