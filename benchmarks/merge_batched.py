@@ -49,7 +49,7 @@ def merge(parts: list[tuple[dict, list[int], str]]) -> dict:
         out["runs"].append({
             "commit": commit, "device_git_recorded": doc.get("commit"), "device_dirty_recorded": doc.get("dirty"),
             "date": doc.get("date"),
-            "command": doc.get("command"), "concurrency": sorted(ns),
+            "command": doc.get("command"), "switches": doc.get("switches", {}), "concurrency": sorted(ns),
             "systems": sorted({c["system"] for c in cells}), "errors": doc.get("errors", []),
         })  # fmt: skip
     grid = sorted(taken)

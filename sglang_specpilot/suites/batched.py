@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -164,6 +165,10 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
             raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
         self.systems = ["ar"] + [s for s in SYSTEMS[1:] if s in systems]  # AR is every ratio's reference
         self.out: dict = {"metrics": {}, "rows": [], "cells": [], "errors": [], "skipped": [], "incomplete": []}
+        # The A/B switches this process ran under (SPECPILOT_OVERTAKE=0, SPECPILOT_PACKED_PREFILL=0, ...): two
+        # files of one A/B differ only here, so each says which side it is.
+        self.out["switches"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECPILOT_")
+                                and k not in ("SPECPILOT_COMMIT", "SPECPILOT_DIRTY")}  # fmt: skip
         self.engines: dict[str, object] = {}
         self.carried: list[dict] = []
         # (system, N) -> its finished requests' (prompt, tokens), and AR's token-forcing report per N.
