@@ -77,7 +77,7 @@ def test_overtaking_prefill_equals_each_request_alone(shape, drafter):
     got, rows, rounds = _serve(eng, schedule, snaps=snaps)
     assert got == alone
     assert eng.batch.overtaken >= 1
-    assert rows[2] == rows[0]  # the row a left, the lowest whose kept length clears c's 64 slots + margin
+    assert rows[2] == rows[0]  # the row a left, the lowest whose kept length clears c's 30 slots + margin
     # The drafter's state (an EAGLE-3 drafter's last prompt feature) is what the prefill after the rounds
     # leaves: the same drafts, so the same rounds, as with overtaking off.
     off = _engine(target, draft, shape)
@@ -101,18 +101,20 @@ def _batch_with_free_row(kept: int):
     return batch
 
 
-def test_overtake_row_needs_the_kept_length_past_every_slot_written():
-    need = 64 + OVERTAKE_MARGIN  # a prompt of <= 64 tokens writes slots 0 .. 63
-    batch = _batch_with_free_row(need)
+MARGIN = OVERTAKE_MARGIN * 2  # an AR round emits at most one token
+
+
+def test_overtake_row_needs_the_kept_length_past_the_prompt_and_margin():
+    batch = _batch_with_free_row(100 + MARGIN)
     batch.release(0)
-    assert batch.overtake_row(64) == 0
-    assert batch.overtake_row(65) is None  # 128 slots written: past the kept length's margin
+    assert batch.overtake_row(100) == 0
+    assert batch.overtake_row(101) is None  # its last slot within the margin below the kept length
     batch._inflight = None
     assert batch.overtake_row(10) is None  # nothing in flight: the separate prefill runs at once
 
 
 def test_no_overtake_into_rows_never_used_short_or_cleared():
-    batch = _batch_with_free_row(64 + OVERTAKE_MARGIN - 1)
+    batch = _batch_with_free_row(10 + MARGIN - 1)
     assert batch.overtake_row(10) is None  # rows 1..3 never held a request; row 0 is in use
     batch.release(0)
     assert batch.overtake_row(10) is None  # row 0 kept one slot too few

@@ -176,7 +176,11 @@ def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]], commit: boo
         keeps.append((lens > 0, (lens > 0) & (base < max_seq)))  # admitted rows: probes keep no state
         pos = torch.arange(W, device=dev).expand(S, W)
         last_row = (lens - 1).clamp(min=0)[:, None]
-        groups.append(Group(st.history[rows, :W], pos, base[:, None] + pos, None, rows, logit_rows=last_row,
+        # Only the prompt's own slots: the padding past it (to W) writes the row's scratch slots, where no
+        # round reads, so a prefill beside the rounds in flight (``RowBatch._overtake``) needs only the
+        # prompt to end below what they write. Causal: the prompt's logits never see the padding.
+        slots = torch.where(pos < lens[:, None], base[:, None] + pos, max_seq + pos)
+        groups.append(Group(st.history[rows, :W], pos, slots, None, rows, logit_rows=last_row,
                             feature_layers=fl))  # fmt: skip
     outs = mixed_forward(engine.target, groups, engine.target_runner.kv.layers)
     last, pending = None, []

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path, carry_kind, rider_width
-from .packed_prefill import commit_pending, graph_width, packable, packed_prefill
+from .packed_prefill import commit_pending, packable, packed_prefill
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
 
@@ -52,10 +52,10 @@ log = logging.getLogger("specpilot.engine")
 # Overtaking prefill (below): an A/B switch for benchmarks run in separate processes
 # (SPECPILOT_OVERTAKE=0: a prompt admitted while rounds are in flight waits for them, as before).
 OVERTAKE = os.environ.get("SPECPILOT_OVERTAKE", "1") != "0"
-# Slots below a free row's kept length that a round still in flight may write there: an EAGLE-3 drafter
-# writes the K/V of the previous round's accepted tokens (at most max_emitted, 17 at depth 16) just below
-# the length. 64 covers any depth the options allow with room to spare.
-OVERTAKE_MARGIN = 64
+# Slots below a free row's kept length that a round still in flight may write there, in units of the round's
+# max_emitted: an EAGLE-3 drafter writes the K/V of the previous round's accepted tokens (at most
+# max_emitted) just below the length. Twice that, for room to spare.
+OVERTAKE_MARGIN = 2
 # How often ``step(between=...)`` looks for new work while the round it reads is still running.
 POLL_S = 0.0002
 
@@ -213,11 +213,11 @@ class RowBatch:
 
     def overtake_row(self, n_prompt: int, free: list[int] | None = None) -> int | None:
         """The free row a prompt of ``n_prompt`` tokens would be prefilled into beside the rounds in flight
-        (``_overtake``), or None where it must wait for them: the lowest free row whose kept length lies at
-        least ``OVERTAKE_MARGIN`` past every slot the prefill writes."""
+        (``_overtake``), or None where it must wait for them: the lowest free row whose kept length lies past
+        the prompt's slots by more than the rounds may write below a length (``OVERTAKE_MARGIN``)."""
         if not (self.overtake and self._inflight is not None):
             return None
-        need = graph_width(n_prompt, self.engine.options.prefill_chunk) + OVERTAKE_MARGIN
+        need = n_prompt + OVERTAKE_MARGIN * (self.engine.round.shape.max_emitted + 1)
         rows = self.free_rows if free is None else free
         return next((r for r in rows if self._free_len[r] >= need), None)
 
@@ -230,19 +230,19 @@ class RowBatch:
         the prefill's own time: on the H100 (lifted 8B, 16 closed-loop clients, d91641b) the time to first
         token's median was 18.1 ms for AR and 24.9 for the speculative rounds (~10 ms each; AR's 6.4).
 
-        What. The prompts' K/V go into slots 0 .. W - 1 of rows whose kept length is past W (``release``),
-        while the rounds in flight write only past that length, so the two never touch the same slot; the
-        prefill is a captured packed one (``PackedGraphs``, its own cuBLAS workspace). Everything the rounds
-        read (the rows' length, next token, in-use flag, an EAGLE-3 drafter's features, the history past
-        the prompt) is written on the main stream after the prefill, so it lands after the rounds in flight
-        and before the next one. The first tokens are read back from the prefill's stream alone."""
+        What. The prompts' K/V go into their slots 0 .. n - 1 (the padding's into scratch slots) of rows
+        whose kept length lies past n (``release``), while the rounds in flight write only near and past
+        that length, so the two never touch the same slot; the prefill is a captured packed one
+        (``PackedGraphs``: its own cuBLAS workspace and split-K counters). Everything the rounds read (the
+        rows' length, next token, in-use flag, an EAGLE-3 drafter's features, the history past the prompt)
+        is written on the main stream after the prefill, so it lands after the rounds in flight and before
+        the next one. The first tokens are read back from the prefill's stream alone."""
         eng, st, dev = self.engine, self.state, self.engine.device
         hi = self._hi()
         lens = [0] * hi
         for r in reqs:
             lens[r.index] = len(r.prompt)
         longest = max(lens)
-        width = graph_width(longest, eng.options.prefill_chunk)
         graphs = eng.packed_graphs
         cuda = dev.type == "cuda"
         if cuda and (graphs is None or graphs.key(hi, len(reqs), longest) not in graphs):
@@ -253,10 +253,8 @@ class RowBatch:
             self._prio = torch.cuda.Stream(dev, priority=-100)  # mapped to the highest the device has
         main = torch.cuda.current_stream(dev) if cuda else None
         with torch.cuda.stream(self._prio) if cuda else contextlib.nullcontext():
-            for r in reqs:
-                ids = torch.zeros(width, dtype=torch.long)
-                ids[: len(r.prompt)] = torch.tensor(r.prompt)
-                st.history[r.index, :width] = ids.to(dev)
+            for r in reqs:  # the padding past the prompt is read but reaches no logit (causal)
+                st.history[r.index, : len(r.prompt)] = torch.tensor(r.prompt).to(dev)
             last, pending = packed_prefill(eng, lens, commit=False)
             params = [r.params if r is not None else _IDLE for r in self.rows[:hi]]
             first = next_tokens(last, BatchSampling.from_params(params, dev, self.generator))
@@ -268,7 +266,7 @@ class RowBatch:
             main.wait_event(done)
             first.record_stream(main)
         for r in reqs:
-            st.history[r.index, width:] = 0
+            st.history[r.index, len(r.prompt) :] = 0
         commit_pending(st, hi, pending)
         self.overtaken += len(reqs)
         return self._start_rows(reqs, first, first_host)
