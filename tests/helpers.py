@@ -220,3 +220,28 @@ def captured_case():
     ar_eng = Engine(target, WordTokenizer(), EngineOptions(**kw, compile=False))
     alone = [ar_eng.generate([p], params)[0].token_ids for p in ps]
     return target, target.truncated(2), ps, kw, alone
+
+
+def tiny_drafter(kind: str, target):
+    """A drafter for ``target``: "none", "layer" (its first layer) or "eagle3" (a seeded random EAGLE-3)."""
+    if kind == "eagle3":
+        from sglang_specpilot.drafters.eagle3 import init_eagle3
+
+        torch.manual_seed(0)
+        return init_eagle3(target)
+    return None if kind == "none" else target.truncated(1)
+
+
+def cuda_tiny_engine(kind: str, max_seq_len: int) -> Engine:
+    """The packed prefill's GPU tests' engine: a tiny fp32 target on CUDA with the ``kind`` drafter (a small
+    tree with one), 8 rows, the graph bucket 8 (which captures packed prefills), warmed up."""
+    target = tiny_model("tiny-llama", **({"vocab_size": 12} if kind == "eagle3" else {})).cuda()
+    shape = {} if kind == "none" else {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
+    opts = EngineOptions(
+        max_seq_len=max_seq_len, max_batch_size=8, graph_batch_sizes=(8,), device="cuda", dtype="float32",
+        compile=False, **shape,
+    )  # fmt: skip
+    drafter = tiny_drafter(kind, target)
+    eng = Engine(target, WordTokenizer(), opts, drafter.cuda() if drafter is not None else None)
+    eng.warmup()
+    return eng

@@ -5,7 +5,7 @@ it takes, what it writes where, and greedy output equal to each request alone.""
 
 import pytest
 import torch
-from helpers import WordTokenizer, prompts, tiny_model
+from helpers import WordTokenizer, cuda_tiny_engine, prompts, tiny_drafter, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
@@ -21,15 +21,6 @@ SHAPES = {
 def _engine(target, draft, shape):
     opts = EngineOptions(max_seq_len=512, max_batch_size=4, device="cpu", dtype="float32", **SHAPES[shape])
     return Engine(target, WordTokenizer(), opts, draft)
-
-
-def _drafter(kind, target):
-    if kind == "eagle3":
-        from sglang_specpilot.drafters.eagle3 import init_eagle3
-
-        torch.manual_seed(0)
-        return init_eagle3(target)
-    return None if kind == "none" else target.truncated(1)
 
 
 def _row_state(st, row: int) -> list[torch.Tensor]:
@@ -65,7 +56,7 @@ def _serve(eng, schedule, overtake=True, snaps=None):
 def test_overtaking_prefill_equals_each_request_alone(shape, drafter):
     V = 12 if drafter == "eagle3" else None
     target = tiny_model("tiny-llama", **({"vocab_size": V} if V else {}))
-    draft = _drafter(drafter, target)
+    draft = tiny_drafter(drafter, target)
     long_a, long_b, short_c, short_d = prompts([100, 90, 30, 50], target.cfg.vocab_size, seed=5)
     alone_eng = _engine(target, draft, shape)
     work = [(long_a, 40), (long_b, 90), (short_c, 20), (short_d, 25)]
@@ -166,15 +157,7 @@ def test_overtaking_prefill_on_cuda_equals_each_request_alone_gpu(kind):
     """On CUDA the prefill replays a captured packed graph on a stream of higher priority while the rounds
     in flight run on their own: prompts that take it get the tokens they get alone, and so do the rows
     whose rounds ran beside it."""
-    target = tiny_model("tiny-llama", **({"vocab_size": 12} if kind == "eagle3" else {})).cuda()
-    shape = {} if kind == "none" else {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
-    opts = EngineOptions(
-        max_seq_len=512, max_batch_size=8, graph_batch_sizes=(8,), device="cuda", dtype="float32", compile=False,
-        **shape,
-    )  # fmt: skip
-    drafter = _drafter(kind, target)
-    eng = Engine(target, WordTokenizer(), opts, drafter.cuda() if drafter is not None else None)
-    eng.warmup()
+    eng = cuda_tiny_engine(kind, max_seq_len=512)
     assert (8, 1, 64) in eng.packed_graphs
     V = eng.target.cfg.vocab_size
     longs = prompts([100, 90, 95, 110, 105, 98], V, seed=7)

@@ -4,27 +4,18 @@ exactly the tokens they get alone."""
 
 import pytest
 import torch
-from helpers import WordTokenizer, prompts, serve_one_at_a_time, tiny_model
+from helpers import WordTokenizer, cuda_tiny_engine, prompts, serve_one_at_a_time, tiny_drafter, tiny_model
 
 from sglang_specpilot.config import EngineOptions
 from sglang_specpilot.engine import Engine, SamplingParams
 from sglang_specpilot.engine import packed_prefill as pp
 
 
-def _drafter(kind, target):
-    if kind == "eagle3":
-        from sglang_specpilot.drafters.eagle3 import init_eagle3
-
-        torch.manual_seed(0)
-        return init_eagle3(target)
-    return None if kind == "none" else target.truncated(1)
-
-
 def _engine(kind, max_batch=4, **kw):
     target = tiny_model("tiny-llama", **({"vocab_size": 12} if kind == "eagle3" else {}))
     shape = {} if kind == "none" else {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
     opts = EngineOptions(max_seq_len=256, max_batch_size=max_batch, device="cpu", dtype="float32", **shape, **kw)
-    return Engine(target, WordTokenizer(), opts, _drafter(kind, target))
+    return Engine(target, WordTokenizer(), opts, tiny_drafter(kind, target))
 
 
 @pytest.fixture
@@ -189,15 +180,7 @@ def test_graph_keys():
 def test_captured_packed_prefill_equals_each_request_alone_gpu(kind, monkeypatch):
     """On CUDA, prompts admitted one at a time beside running rows replay the packed prefill's graphs
     (captured at warm-up for buckets above PREFILL_GRAPH_MAX_BATCH) and get the tokens they get alone."""
-    target = tiny_model("tiny-llama", **({"vocab_size": 12} if kind == "eagle3" else {})).cuda()
-    shape = {} if kind == "none" else {"tree_budget": 6, "tree_depth": 3, "tree_top_k": 2}
-    opts = EngineOptions(
-        max_seq_len=256, max_batch_size=8, graph_batch_sizes=(8,), device="cuda", dtype="float32", compile=False,
-        **shape,
-    )  # fmt: skip
-    drafter = _drafter(kind, target)
-    eng = Engine(target, WordTokenizer(), opts, drafter.cuda() if drafter is not None else None)
-    eng.warmup()
+    eng = cuda_tiny_engine(kind, max_seq_len=256)
     assert eng.packed_graphs is not None and not eng.packed_graphs.refused
     assert (8, 1, 64) in eng.packed_graphs
     replays = []
