@@ -238,11 +238,8 @@ class RowBatch:
         is written on the main stream after the prefill, so it lands after the rounds in flight and before
         the next one. The first tokens are read back from the prefill's stream alone."""
         eng, st, dev = self.engine, self.state, self.engine.device
-        hi = self._hi()
-        lens = [0] * hi
-        for r in reqs:
-            lens[r.index] = len(r.prompt)
-        longest = max(lens)
+        lens = self._prompt_lens(reqs)
+        hi, longest = len(lens), max(lens)
         graphs = eng.packed_graphs
         cuda = dev.type == "cuda"
         if cuda and (graphs is None or graphs.key(hi, len(reqs), longest) not in graphs):
@@ -256,10 +253,9 @@ class RowBatch:
             for r in reqs:  # the padding past the prompt is read but reaches no logit (causal)
                 st.history[r.index, : len(r.prompt)] = torch.tensor(r.prompt).to(dev)
             last, pending = packed_prefill(eng, lens, commit=False)
+            # Sampling tensors of its own, made on this stream (the cached ones serve the rounds' stream).
             params = [r.params if r is not None else _IDLE for r in self.rows[:hi]]
-            first = next_tokens(last, BatchSampling.from_params(params, dev, self.generator))
-            rows = torch.tensor([r.index for r in reqs], device=dev)
-            first_host = torch.stack([first[rows], nonfinite_rows(last[rows]).long()], 1).tolist()
+            first, first_host = self._first_tokens(reqs, last, BatchSampling.from_params(params, dev, self.generator))
         if cuda:  # the prefill is done (read back above); the state follows the rounds in flight
             done = torch.cuda.Event()
             done.record(self._prio)
@@ -332,17 +328,23 @@ class RowBatch:
             return events
 
     def _prefill_rows(self, reqs: list[Request]) -> list[StreamEvent]:
-        st, dev = self.state, self.engine.device
-        hi = self._hi()
-        lens = [0] * hi
+        lens = self._prompt_lens(reqs)
+        last = self.engine.prefill_rows(self.state.history[: len(lens)], lens)
+        return self._start_rows(reqs, *self._first_tokens(reqs, last, self._sampling(len(lens))))
+
+    def _prompt_lens(self, reqs: list[Request]) -> list[int]:
+        """Prompt tokens per row 0 .. hi - 1: ``reqs``' prompt lengths in their rows, 0 elsewhere."""
+        lens = [0] * self._hi()
         for req in reqs:
             lens[req.index] = len(req.prompt)
-        last = self.engine.prefill_rows(st.history[:hi], lens)
-        first = next_tokens(last, self._sampling(hi))
-        rows = torch.tensor([r.index for r in reqs], device=dev)
-        # The first tokens and their non-finite flags come back in one read (the prefill's one sync).
-        first_host = torch.stack([first[rows], nonfinite_rows(last[rows]).long()], 1).tolist()
-        return self._start_rows(reqs, first, first_host)
+        return lens
+
+    def _first_tokens(self, reqs: list[Request], last: torch.Tensor, bs: BatchSampling) -> tuple:
+        """(first tokens [hi] on the device, [[token, non-finite flag]] of ``reqs`` on the host) from the
+        prefill's last-position logits: one read back, the prefill's one sync (of the current stream)."""
+        first = next_tokens(last, bs)
+        rows = torch.tensor([r.index for r in reqs], device=self.engine.device)
+        return first, torch.stack([first[rows], nonfinite_rows(last[rows]).long()], 1).tolist()
 
     def _start_rows(self, reqs: list[Request], first: torch.Tensor, first_host: list) -> list[StreamEvent]:
         """Rows just prefilled join the rounds (those whose logits were finite) and emit their first token."""
