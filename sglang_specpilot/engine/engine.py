@@ -35,8 +35,8 @@ from .packed_prefill import PackedGraphs, packable, packed_prefill, worth_packin
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
 from .round_kinds import SpecPolicy, alternate_rounds, kinds_at
-from .rows import RowBatch
-from .runner import ModelRunner
+from .rows import OVERTAKE, RowBatch
+from .runner import ROUND_GATES, ModelRunner
 from .sampling import BatchSampling, SamplingParams
 from .step_curve import StepCurve, measure
 from .tlv_round import TLVRound, TLVShape
@@ -143,6 +143,10 @@ class Engine:
         )
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
+        tr = self.target_runner
+        # The flag the rounds' gates read while a prefill overtakes them (RowBatch._overtake).
+        if OVERTAKE and ROUND_GATES and tr.use_graphs and tr.recurrent is None:
+            tr.hold = torch.zeros(1, dtype=torch.int32, device=tr.device)
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
         self.eos = frozenset(eos)
         if self.target_runner.recurrent is not None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.hold_gate import hold, release
 from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path, carry_kind, rider_width
 from .packed_prefill import commit_pending, packable, packed_prefill
 from .request import Request, StreamEvent
@@ -236,7 +237,11 @@ class RowBatch:
         (``PackedGraphs``: its own cuBLAS workspace and split-K counters). Everything the rounds read (the
         rows' length, next token, in-use flag, an EAGLE-3 drafter's features, the history past the prompt)
         is written on the main stream after the prefill, so it lands after the rounds in flight and before
-        the next one. The first tokens are read back from the prefill's stream alone."""
+        the next one. The first tokens are read back from the prefill's stream alone.
+
+        Priority alone shares the GPU: the round's kernels and the prefill's alternate (kernels/hold_gate.py),
+        so the prefill also sets the target runner's ``hold`` flag while it runs, and the rounds in flight
+        wait at their next gate (``runner.GATES`` a round) until it is done."""
         eng, st, dev = self.engine, self.state, self.engine.device
         lens = self._prompt_lens(reqs)
         hi, longest = len(lens), max(lens)
@@ -249,10 +254,17 @@ class RowBatch:
         if cuda and self._prio is None:
             self._prio = torch.cuda.Stream(dev, priority=-100)  # mapped to the highest the device has
         main = torch.cuda.current_stream(dev) if cuda else None
+        flag = eng.target_runner.hold
         with torch.cuda.stream(self._prio) if cuda else contextlib.nullcontext():
-            for r in reqs:  # the padding past the prompt is read but reaches no logit (causal)
-                st.history[r.index, : len(r.prompt)] = torch.tensor(r.prompt).to(dev)
-            last, pending = packed_prefill(eng, lens, commit=False)
+            if flag is not None:  # the rounds in flight stop at their next gate until the prefill is done
+                hold(flag)
+            try:
+                for r in reqs:  # the padding past the prompt is read but reaches no logit (causal)
+                    st.history[r.index, : len(r.prompt)] = torch.tensor(r.prompt).to(dev)
+                last, pending = packed_prefill(eng, lens, commit=False)
+            finally:  # never leave the rounds waiting: a prefill that raised releases them too
+                if flag is not None:
+                    release(flag)
             # Sampling tensors of its own, made on this stream (the cached ones serve the rounds' stream).
             params = [r.params if r is not None else _IDLE for r in self.rows[:hi]]
             first, first_host = self._first_tokens(reqs, last, BatchSampling.from_params(params, dev, self.generator))

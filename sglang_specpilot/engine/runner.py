@@ -9,9 +9,11 @@ owns, so they cannot disturb real requests. All graphs share one memory pool.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
+from ..kernels.hold_gate import wait_while_held
 from ..models.linear import set_decode_gemv, verify_gemm_layers
 from ..models.llama import Transformer, fused_attention_supported, run_block
 from ..models.mixed_forward import Group, mixed_forward
@@ -89,6 +91,13 @@ class _Graph:
 # graphs pay most for the few prompts prefilled together that set a request's time to first token; each
 # (rows, width) pair costs a capture at warm-up and the widest step's activations in a pool of its own.
 PREFILL_GRAPH_MAX_BATCH = 4
+
+# Gates a captured round has between its target's layers (``ModelRunner.hold``): a prefill that overtakes
+# the round waits at most for the stretch of layers up to the next one (on the H100's lifted 8B, a quarter
+# of a ~9.5 ms tree round). Each costs one one-program launch when the flag is clear.
+GATES = 4
+# SPECPILOT_ROUND_GATES=0 captures rounds without them (an A/B switch for runs in separate processes).
+ROUND_GATES = os.environ.get("SPECPILOT_ROUND_GATES", "1") != "0"
 
 
 def _tensors(out, fn):
@@ -195,6 +204,10 @@ class ModelRunner:
         # A prefill group that rides in this runner's next round forward (prompt admission, see
         # engine/admission.py): one pass reads the weights for both; its result lands in ``rider.out``.
         self.rider = None
+        # The flag a prefill overtaking the rounds sets while it runs (``RowBatch._overtake``): rounds captured
+        # while it is a tensor wait at ``GATES`` points between their layers while it is set (kernels/
+        # hold_gate.py). None (the default, and on the CPU): rounds have no gates.
+        self.hold: torch.Tensor | None = None
 
     def _forward(
         self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False, **extra
@@ -306,9 +319,16 @@ class ModelRunner:
             self.recurrent.commit(torch.zeros_like(seq_len), seq_len)
         return out
 
+    def _gate(self, layer: int) -> None:
+        # Evenly spaced from layer 0: the round's draft work ends at the first one.
+        if layer % -(-self.model.num_layers // GATES) == 0:
+            wait_while_held(self.hold)
+
     def _round_forward(self, tokens, positions, slots, seq_len, anc, kv_len, **extra) -> torch.Tensor:
         if self.rider is not None:
             return self._ride(tokens, positions, slots, seq_len, anc, kv_len, **extra)
+        if self.hold is not None and self.recurrent is None:
+            extra["gate"] = self._gate
         if self.round_fused:
             return self.model(
                 tokens, positions, slots, None, self.kv.layers, None, self._layer_fn, seq_len, anc, **extra

@@ -218,6 +218,7 @@ class Transformer(nn.Module):
         seq_len: torch.Tensor | None = None,
         anc: torch.Tensor | None = None,
         feature_layers: tuple[int, ...] | None = None,
+        gate=None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run N new tokens per request through the decoder and return their logits.
 
@@ -234,6 +235,8 @@ class Transformer(nn.Module):
         layer_fn : optional ``fn(layer, x, ...)`` that runs one block, e.g. a compiled ``run_block``
         feature_layers : optional layer indices whose outputs are also returned, concatenated, for every
             one of the N tokens (an EAGLE-3 drafter reads them; ``drafters.eagle3``)
+        gate : optional ``fn(i)`` called before layer i (a captured round's waits while a prefill overtakes
+            it: ``ModelRunner.hold``)
 
         Returns
         -------
@@ -253,6 +256,8 @@ class Transformer(nn.Module):
         run = layer_fn or run_block
         feats = []
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv, strict=True)):
+            if gate is not None:
+                gate(i)
             x = run(layer, x, cos, sin, k_cache, v_cache, batch_idx, slots, mask, seq_len, anc)
             if feature_layers is not None and i in feature_layers:
                 feats.append(x)

@@ -1,0 +1,58 @@
+"""A gate in a captured round: one program that waits while a device flag is set (Triton).
+
+Why: a prompt that arrives while the server's rounds run is prefilled beside them on a stream of higher
+priority (``RowBatch._overtake``). Priority alone did not put it first: stream priority orders the blocks
+waiting for an SM, but between two of the prefill's kernels the round's next kernel takes the SMs, so the
+two alternate kernel by kernel and share the weight stream. On the H100 (lifted 8B, 16 closed-loop clients,
+4103eb1, benchmarks/results/batched_h100.json's overtake re-run of N = 16) 47 of the 48 prompts that came
+while rounds ran overtook them, yet waited 4-10 ms past a 12.6 ms prefill: TTFT p50 18.0 ms for AR and 24.2
+for the speculative rounds, much as without overtaking (18.1 and 24.9, d91641b). With a few of these gates
+between the round's layers, the round stops at the next one while the flag is set, and the prefill runs
+alone until it clears the flag (``hold`` and ``release``, on its stream).
+
+``wait_while_held(flag)`` costs one launch of one program (a few microseconds) when the flag is clear.
+``wait_while_held_ref`` is the reference: the same wait, from the host.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import runs_on
+
+
+@triton.jit
+def _wait_while_held(flag_ptr):
+    # volatile: read L2 each time (another stream's kernel clears the flag), never a cached copy.
+    held = tl.load(flag_ptr, volatile=True)
+    while held != 0:
+        held = tl.load(flag_ptr, volatile=True)
+
+
+def wait_while_held(flag: torch.Tensor) -> None:
+    """Enqueue, on the current stream, a wait until ``flag`` (int32 [1]) reads 0; where the kernel cannot
+    run (a CPU tensor outside the interpreter), the reference waits."""
+    if runs_on(flag, _wait_while_held):
+        _wait_while_held[(1,)](flag)
+    else:
+        wait_while_held_ref(flag)
+
+
+def wait_while_held_ref(flag: torch.Tensor, poll_s: float = 1e-4) -> None:
+    """The reference: the host waits until ``flag`` reads 0."""
+    while int(flag[0]) != 0:
+        time.sleep(poll_s)
+
+
+def hold(flag: torch.Tensor) -> None:
+    """Set ``flag`` on the current stream: gates that run after this wait."""
+    flag.fill_(1)
+
+
+def release(flag: torch.Tensor) -> None:
+    """Clear ``flag`` on the current stream: waiting gates go on."""
+    flag.fill_(0)
