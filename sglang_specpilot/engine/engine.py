@@ -29,6 +29,7 @@ import torch
 from tlv import TLVPlan
 
 from ..config import EngineOptions
+from ..kernels.hold_gate import wait_while_held
 from ..models.llama import Transformer
 from .attn_meta import causal_tree
 from .packed_prefill import PackedGraphs, packable, packed_prefill, worth_packing, worth_tiering
@@ -147,6 +148,7 @@ class Engine:
         # The flag the rounds' gates read while a prefill overtakes them (RowBatch._overtake).
         if OVERTAKE and ROUND_GATES and tr.use_graphs and tr.recurrent is None:
             tr.hold = torch.zeros(1, dtype=torch.int32, device=tr.device)
+            wait_while_held(tr.hold)  # the kernel compiled and loaded here, not first inside a graph capture
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
         self.eos = frozenset(eos)
         if self.target_runner.recurrent is not None:
