@@ -1,8 +1,8 @@
 # The measuring calls of 2026-12-07's sixth session (benchmarks/device/README.md): the round gates that let an
 # overtaking prefill run alone (kernels/hold_gate.py).
 #   bash benchmarks/device/gates_check.sh tests   # no GGUF needed (~1.5 min): ride along with its first part
-#   bash benchmarks/device/gates_check.sh ab      # with the GGUF's third part (~6 min)
-# ab: N = 16 with AR, stock and the mechanisms, gates on (the default), then the same with
+#   bash benchmarks/device/gates_check.sh ab      # with the GGUF's third part (~4 min)
+# ab: N = 16 with AR and the mechanisms (SYSTEMS), gates on (the default), then the same with
 # SPECPILOT_ROUND_GATES=0 (overtaking without gates: 4103eb1's behaviour) in a second process.
 set -u
 export PYTHONPATH=$PWD:/tmp/pp
@@ -15,7 +15,7 @@ ab)
   grep -q " passed" /tmp/gates_test.txt && ! grep -q -E "failed|error" /tmp/gates_test.txt \
     || { echo "the gate tests failed: no A/B"; exit 3; }
   for gates in 1 0; do
-    SPECPILOT_ROUND_GATES=$gates SWEEP_S=${SWEEP_S:-270} NS=${NS:-16} SYSTEMS=${SYSTEMS:-ar,stock,specpilot_batched} \
+    SPECPILOT_ROUND_GATES=$gates SWEEP_S=${SWEEP_S:-200} NS=${NS:-16} SYSTEMS=${SYSTEMS:-ar,specpilot_batched} \
       EXTRA=${EXTRA:-} bash benchmarks/device/recheck.sh sweep
     mkdir -p $OUT/gates$gates && mv $OUT/sweep/* $OUT/gates$gates/
   done ;;

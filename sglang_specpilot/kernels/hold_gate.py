@@ -19,18 +19,24 @@ from __future__ import annotations
 import time
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs without triton: the reference only
+    triton = None
 
 from .launch import runs_on
 
+_wait_while_held = None
+if triton is not None:
 
-@triton.jit
-def _wait_while_held(flag_ptr):
-    # volatile: read L2 each time (another stream's kernel clears the flag), never a cached copy.
-    held = tl.load(flag_ptr, volatile=True)
-    while held != 0:
+    @triton.jit
+    def _wait_while_held(flag_ptr):
+        # volatile: read L2 each time (another stream's kernel clears the flag), never a cached copy.
         held = tl.load(flag_ptr, volatile=True)
+        while held != 0:
+            held = tl.load(flag_ptr, volatile=True)
 
 
 def wait_while_held(flag: torch.Tensor) -> None:
