@@ -36,6 +36,8 @@ def test_reference_waits_while_held_and_goes_on_when_released():
     flag = torch.zeros(1, dtype=torch.int32)
     wait_while_held_ref(flag)  # clear: returns at once
     assert _waits(wait_while_held_ref, flag)
+    hold(flag)
+    wait_while_held_ref(flag, spins=5)  # never released: goes on after its reads
 
 
 @kernel_case
@@ -44,6 +46,8 @@ def test_kernel_gate_waits_while_held_and_goes_on_when_released():
     wait_while_held(flag)  # clear: goes on at once
     if DEVICE == "cpu":  # the interpreter runs the kernel on the calling thread
         assert _waits(wait_while_held, flag)
+        hold(flag)
+        wait_while_held(flag, spins=50)  # never released: goes on after its reads
         return
     torch.cuda.synchronize()
     hold(flag)
@@ -57,6 +61,17 @@ def test_kernel_gate_waits_while_held_and_goes_on_when_released():
     assert not done.query(), "the gate went on while held"
     release(flag)  # the default stream: another one than the gate's
     done.synchronize()
+    # Never released: the gate goes on by itself after SPINS reads (what that takes is SPINS' comment).
+    hold(flag)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.cuda.stream(side):
+        wait_while_held(flag)
+    side.synchronize()
+    waited = time.perf_counter() - t0
+    release(flag)
+    print(f"a held gate went on by itself after {waited * 1e3:.0f} ms ({gate_mod.SPINS} reads)")
+    assert 0.01 < waited < 10
 
 
 def test_runner_gates_a_round_forward_at_evenly_spaced_layers(monkeypatch):

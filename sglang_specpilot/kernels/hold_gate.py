@@ -28,30 +28,42 @@ except ImportError:  # pragma: no cover - CPU-only installs without triton: the 
 
 from .launch import runs_on
 
+# Reads of the flag a gate makes at most before it goes on anyway: a bound, so that nothing (a prefill
+# that raised before its release was enqueued, a host blocked on the device while the flag is set) can
+# stop the rounds for good. Correctness never rests on the gate: the overtaking prefill and the rounds
+# write different slots. 2**20 reads from L2 take roughly 0.3-0.6 s (~0.3-0.6 us a read); the GPU test
+# prints what a held gate really waited.
+SPINS = 1 << 20
+
 _wait_while_held = None
 if triton is not None:
 
     @triton.jit
-    def _wait_while_held(flag_ptr):
+    def _wait_while_held(flag_ptr, spins):
         # volatile: read L2 each time (another stream's kernel clears the flag), never a cached copy.
         held = tl.load(flag_ptr, volatile=True)
-        while held != 0:
+        n = 0
+        while (held != 0) & (n < spins):
             held = tl.load(flag_ptr, volatile=True)
+            n += 1
 
 
-def wait_while_held(flag: torch.Tensor) -> None:
-    """Enqueue, on the current stream, a wait until ``flag`` (int32 [1]) reads 0; where the kernel cannot
-    run (a CPU tensor outside the interpreter), the reference waits."""
+def wait_while_held(flag: torch.Tensor, spins: int = SPINS) -> None:
+    """Enqueue, on the current stream, a wait until ``flag`` (int32 [1]) reads 0, or ``spins`` reads have
+    passed; where the kernel cannot run (a CPU tensor outside the interpreter), the reference waits."""
     if runs_on(flag, _wait_while_held):
-        _wait_while_held[(1,)](flag)
+        _wait_while_held[(1,)](flag, spins)
     else:
-        wait_while_held_ref(flag)
+        wait_while_held_ref(flag, spins)
 
 
-def wait_while_held_ref(flag: torch.Tensor, poll_s: float = 1e-4) -> None:
-    """The reference: the host waits until ``flag`` reads 0."""
-    while int(flag[0]) != 0:
+def wait_while_held_ref(flag: torch.Tensor, spins: int = SPINS, poll_s: float = 1e-4) -> None:
+    """The reference: the host reads ``flag`` until it is 0 or ``spins`` reads have passed (``poll_s``
+    apart)."""
+    n = 0
+    while int(flag[0]) != 0 and n < spins:
         time.sleep(poll_s)
+        n += 1
 
 
 def hold(flag: torch.Tensor) -> None:
