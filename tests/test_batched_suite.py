@@ -108,6 +108,23 @@ def test_metrics_need_every_cell_they_cover():
     assert m["batched_min_speedup_vs_stock"] == 1.6 and m["batched_min_speedup_vs_ar"] == 2.0
 
 
+def test_steady_ttft_leaves_out_each_clients_first_request():
+    """At N = 2, prompts 0 and 1 are the first wave (every client's first); the steady median is over the rest."""
+
+    def rec(i, ttft):
+        return {"prompt": i, "error": None, "tokens": 4, "ttft_s": ttft, "itl_s": 0.01, "request_s": 1.0}
+
+    wave = [rec(0, 0.3), rec(1, 0.3)]
+    ar = cell("ar", 16, [rec(i, 0.3) for i in range(16)] + [rec(16 + i, 0.01) for i in range(4)], 1.0, None)
+    mech = cell("specpilot_batched", 16, [rec(i, 0.3) for i in range(16)] + [rec(16 + i, 0.02) for i in range(4)],
+                1.0, None)  # fmt: skip
+    assert ar["ttft_p50_s"] == 0.3 and ar["ttft_steady_p50_s"] == 0.01
+    m, _ = summarize([ar, mech], [16])
+    assert m["batched_ttft_p50_ratio_vs_ar"] == 1.0 and m["batched_ttft_steady_p50_ratio_vs_ar"] == 2.0
+    assert cell("ar", 2, wave + [rec(2, 0.1), rec(3, 0.2)], 1.0, None)["ttft_steady_p50_s"] == pytest.approx(0.15)
+    assert cell("ar", 2, wave, 1.0, None)["ttft_steady_p50_s"] is None
+
+
 def test_forcing_rejects_outputs_that_are_not_ars(folders, tmp_path, monkeypatch):
     """A system whose tokens were not AR's argmax (here: each token shifted by one) fails token forcing."""
     from sglang_specpilot.suites import batched as batched_mod

@@ -5,6 +5,9 @@ issue's metrics over the cells (issue 18):
     batched_min_speedup_vs_stock   min over N = 1..32 of the same against the stock chain
     batched_speedup_vs_ar_n1       the same ratio at N = 1
     batched_ttft_p50_ratio_vs_ar   TTFT p50 of SpecPilot with the mechanisms / AR's, at N = 16
+    batched_ttft_steady_p50_ratio_vs_ar   the same over each client's requests after its first: the first
+                                   wave (N prompts at once at t = 0) is a quarter of a part's requests at 4
+                                   a client, and sits above the median, which it moves to the steady p67
     batched_forcing_all_accepted   1 if token forcing accepted every speculative cell's outputs against AR's
     batched_forcing_rejected_S_nN  1 for each cell it rejected (system S at N): its figures are not the product's
 
@@ -33,6 +36,8 @@ def cell(system: str, n: int, records: list[dict], wall_s: float, ar_ids: dict[i
     ok = [r for r in records if r["error"] is None]
     tokens = sum(r["tokens"] for r in ok)
     ttft = [r["ttft_s"] for r in ok]
+    # Client c's requests are prompts c, c + N, ... (``run_clients``): prompts 0 .. N - 1 are the first wave.
+    steady = [r["ttft_s"] for r in ok if r.get("prompt", 0) >= n]
     itl = [r["itl_s"] for r in ok if r["itl_s"] is not None]
     out = {
         "system": system,
@@ -45,6 +50,7 @@ def cell(system: str, n: int, records: list[dict], wall_s: float, ar_ids: dict[i
         "per_request_tokens_per_s": statistics.median(r["tokens"] / r["request_s"] for r in ok) if ok else None,
         "ttft_p50_s": statistics.median(ttft) if ttft else None,
         "ttft_p90_s": statistics.quantiles(ttft, n=10)[-1] if len(ttft) > 1 else (ttft[0] if ttft else None),
+        "ttft_steady_p50_s": statistics.median(steady) if steady else None,
         "itl_p50_s": statistics.median(itl) if itl else None,
         "itl_mean_s": statistics.fmean(itl) if itl else None,
     }
@@ -97,6 +103,8 @@ def summarize(cell_list: list[dict], concurrency: list[int]) -> tuple[dict, list
         m["batched_ttft_p50_ratio_vs_ar"] = round(r, 3)
     else:
         incomplete.append(f"batched_ttft_p50_ratio_vs_ar: needs {MAIN} and ar at N = {TTFT_N}")
+    if (r := _ratio(cells, MAIN, "ar", TTFT_N, "ttft_steady_p50_s")) is not None:  # a diagnostic beside it
+        m["batched_ttft_steady_p50_ratio_vs_ar"] = round(r, 3)
     return m, incomplete
 
 
