@@ -150,9 +150,10 @@ def test_a_prefill_that_raises_still_releases_the_rounds(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_captured_round_waits_at_its_gates_while_held_gpu():
+def test_a_captured_round_waits_at_its_gates_while_held_gpu(monkeypatch):
     """On CUDA: a captured round launched while the flag is held does not finish until it is released; the
     requests then get the tokens they get alone."""
+    monkeypatch.setattr(runner_mod, "GATE_MIN_HIDDEN", 0)  # a tiny model: gates as on a wide one
     eng = cuda_tiny_engine("layer", max_seq_len=512)
     flag = eng.target_runner.hold
     assert flag is not None

@@ -31,6 +31,7 @@ from tlv import TLVPlan
 from ..config import EngineOptions
 from ..kernels.hold_gate import wait_while_held
 from ..models.llama import Transformer
+from . import runner as runner_mod
 from .attn_meta import causal_tree
 from .packed_prefill import PackedGraphs, packable, packed_prefill, worth_packing, worth_tiering
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
@@ -146,7 +147,8 @@ class Engine:
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
         tr = self.target_runner
         # The flag the rounds' gates read while a prefill overtakes them (RowBatch._overtake).
-        if OVERTAKE and ROUND_GATES and tr.use_graphs and tr.recurrent is None:
+        wide = target.cfg.hidden_size >= runner_mod.GATE_MIN_HIDDEN
+        if OVERTAKE and ROUND_GATES and wide and tr.use_graphs and tr.recurrent is None:
             tr.hold = torch.zeros(1, dtype=torch.int32, device=tr.device)
             wait_while_held(tr.hold)  # the kernel compiled and loaded here, not first inside a graph capture
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
