@@ -1,14 +1,15 @@
 """A gate in a captured round: one program that waits while a device flag is set (Triton).
 
 Why: a prompt that arrives while the server's rounds run is prefilled beside them on a stream of higher
-priority (``RowBatch._overtake``). Priority alone did not put it first: stream priority orders the blocks
-waiting for an SM, but between two of the prefill's kernels the round's next kernel takes the SMs, so the
-two alternate kernel by kernel and share the weight stream. On the H100 (lifted 8B, 16 closed-loop clients,
-4103eb1, benchmarks/results/batched_h100.json's overtake re-run of N = 16) 47 of the 48 prompts that came
-while rounds ran overtook them, yet waited 4-10 ms past a 12.6 ms prefill: TTFT p50 18.0 ms for AR and 24.2
-for the speculative rounds, much as without overtaking (18.1 and 24.9, d91641b). With a few of these gates
-between the round's layers, the round stops at the next one while the flag is set, and the prefill runs
-alone until it clears the flag (``hold`` and ``release``, on its stream).
+priority (``RowBatch._overtake``). Stream priority orders the blocks waiting for an SM, but between two of
+the prefill's kernels the round's next kernel can take the SMs, so the two may alternate and share the weight
+stream. On the H100 (lifted 8B, 16 closed-loop clients, 4103eb1, benchmarks/results/batched_4103eb1_h100.json)
+45-47 of the 48 prompts that came while rounds ran overtook them, yet TTFT p50 was 18.0 ms for AR and 24.2
+for the speculative rounds, much as without overtaking (18.1 and 24.9, d91641b), against a ~12.6 ms prefill.
+With a few of these gates between a round's layers the round stops at the next one while the flag is set,
+and the prefill runs alone until it clears the flag (``hold`` and ``release``, on its stream). Measured
+(batched_gates_ab_h100.json, one run a side): TTFT p50 on / off AR 18.3 / 20.3 ms, the speculative rounds
+27.2 / 27.7, throughput unchanged; the gap to AR's TTFT has other causes (README, "Round gates").
 
 ``wait_while_held(flag)`` costs one launch of one program (a few microseconds) when the flag is clear.
 ``wait_while_held_ref`` is the reference: the same wait, from the host.
