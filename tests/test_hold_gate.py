@@ -82,6 +82,7 @@ def test_runner_gates_a_round_forward_at_evenly_spaced_layers(monkeypatch):
     eng = Engine(target, WordTokenizer(), opts)
     runner = eng.target_runner
     assert runner.hold is None  # CPU: no graphs, no lookahead, no gates
+    assert not runner.enable_gates() and runner.hold is None
     seen = []
     monkeypatch.setattr(runner_mod, "wait_while_held", lambda flag: seen.append((flag, len(seen))))
     toks = torch.tensor([[3], [5]])

@@ -29,16 +29,14 @@ import torch
 from tlv import TLVPlan
 
 from ..config import EngineOptions
-from ..kernels.hold_gate import wait_while_held
 from ..models.llama import Transformer
-from . import runner as runner_mod
 from .attn_meta import causal_tree
 from .packed_prefill import PackedGraphs, packable, packed_prefill, worth_packing, worth_tiering
 from .request import GenerationError, GenerationResult, Request, RequestError, StreamEvent
 from .round import CapturedRound, Round, RoundShape, RoundState
 from .round_kinds import SpecPolicy, alternate_rounds, kinds_at
 from .rows import OVERTAKE, RowBatch
-from .runner import ROUND_GATES, ModelRunner
+from .runner import ModelRunner
 from .sampling import BatchSampling, SamplingParams
 from .step_curve import StepCurve, measure
 from .tlv_round import TLVRound, TLVShape
@@ -145,12 +143,8 @@ class Engine:
         )
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
-        tr = self.target_runner
-        # The flag the rounds' gates read while a prefill overtakes them (RowBatch._overtake).
-        wide = target.cfg.hidden_size >= runner_mod.GATE_MIN_HIDDEN
-        if OVERTAKE and ROUND_GATES and wide and tr.use_graphs and tr.recurrent is None:
-            tr.hold = torch.zeros(1, dtype=torch.int32, device=tr.device)
-            wait_while_held(tr.hold)  # the kernel compiled and loaded here, not first inside a graph capture
+        if OVERTAKE:  # the flag the rounds' gates read while a prefill overtakes them (RowBatch._overtake)
+            self.target_runner.enable_gates()
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
         self.eos = frozenset(eos)
         if self.target_runner.recurrent is not None:

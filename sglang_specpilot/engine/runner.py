@@ -324,6 +324,16 @@ class ModelRunner:
             self.recurrent.commit(torch.zeros_like(seq_len), seq_len)
         return out
 
+    def enable_gates(self) -> bool:
+        """Give this runner's captured rounds their gates (``hold``), where they pay: graphs on, a target at
+        least ``GATE_MIN_HIDDEN`` wide, no recurrent state; ``SPECPILOT_ROUND_GATES=0`` never. Call before any
+        round is captured. Returns whether it has them."""
+        wide = self.model.cfg.hidden_size >= GATE_MIN_HIDDEN
+        if ROUND_GATES and wide and self.use_graphs and self.recurrent is None and self.hold is None:
+            self.hold = torch.zeros(1, dtype=torch.int32, device=self.device)
+            wait_while_held(self.hold)  # the kernel compiled and loaded here, not first inside a graph capture
+        return self.hold is not None
+
     def _gate(self, layer: int) -> None:
         # Evenly spaced from layer 0: the round's draft work ends at the first one.
         if layer % -(-self.model.num_layers // GATES) == 0:
@@ -332,7 +342,7 @@ class ModelRunner:
     def _round_forward(self, tokens, positions, slots, seq_len, anc, kv_len, **extra) -> torch.Tensor:
         if self.rider is not None:
             return self._ride(tokens, positions, slots, seq_len, anc, kv_len, **extra)
-        if self.hold is not None and self.recurrent is None:
+        if self.hold is not None:  # only where ``enable_gates`` made it
             extra["gate"] = self._gate
         if self.round_fused:
             return self.model(
