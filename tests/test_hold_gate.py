@@ -108,6 +108,35 @@ def test_runner_gates_a_round_forward_at_evenly_spaced_layers(monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize("drafter", ["layer", "eagle3"])
+def test_a_drafters_runner_gates_each_draft_step_once(drafter, monkeypatch):
+    """``share_gates``: every round forward of the drafter's runner (one a draft step) waits at the target's
+    flag once, before its layers, whatever layers it has; its logits (or hidden states) are the gateless
+    ones, and a round of the engine waits once a draft step."""
+    from helpers import tiny_drafter
+
+    V = 12 if drafter == "eagle3" else None
+    target = tiny_model("tiny-llama", num_layers=8, **({"vocab_size": V} if V else {}))
+    opts = EngineOptions(max_seq_len=128, max_batch_size=2, device="cpu", dtype="float32", tree_budget=6,
+                         tree_depth=3, tree_top_k=2)  # fmt: skip
+    eng = Engine(target, WordTokenizer(), opts, tiny_drafter(drafter, target))
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    (p,) = prompts([9], target.cfg.vocab_size, seed=4)
+    plain = eng.generate([p], params)[0].token_ids
+    seen = []
+    monkeypatch.setattr(runner_mod, "wait_while_held", lambda flag: seen.append(flag))
+    flag = torch.zeros(1, dtype=torch.int32)
+    eng.draft_runner.share_gates(flag)
+    assert eng.generate([p], params)[0].token_ids == plain
+    assert seen and all(f is flag for f in seen)
+    draft_forwards = []
+    real = eng.draft_runner._round_forward
+    monkeypatch.setattr(eng.draft_runner, "_round_forward", lambda *a, **k: draft_forwards.append(1) or real(*a, **k))
+    seen.clear()
+    eng.generate([p], params)
+    assert len(seen) == len(draft_forwards) > 0  # one gate a draft forward, none inside its layers
+
+
 def _cpu_overtaking_engine():
     target = tiny_model("tiny-llama")
     opts = EngineOptions(max_seq_len=512, max_batch_size=4, device="cpu", dtype="float32")
@@ -134,6 +163,26 @@ def test_overtaking_prefill_holds_the_rounds_while_it_runs_and_releases_them(mon
     assert eng.batch.overtaken == 1
     assert seen == [1]  # held while the prefill ran
     assert int(flag[0]) == 0  # released after it
+
+
+def test_the_rounds_go_on_once_the_targets_half_is_done(monkeypatch):
+    """The flag is released where the first tokens are read (``packed_prefill``'s ``between``), before the
+    drafter's half: the rounds wait for the target's half alone."""
+    eng, c = _cpu_overtaking_engine()
+    flag, seen = eng.target_runner.hold, []
+    real = rows_mod.packed_prefill
+
+    def spy(*a, between=None, **k):
+        def first(last):
+            seen.append(int(flag[0]))
+            between(last)
+            seen.append(int(flag[0]))
+
+        return real(*a, between=first, **k)
+
+    monkeypatch.setattr(rows_mod, "packed_prefill", spy)
+    eng.batch.admit([c])
+    assert eng.batch.overtaken == 1 and seen == [1, 0]
 
 
 def test_a_prefill_that_raises_still_releases_the_rounds(monkeypatch):

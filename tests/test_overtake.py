@@ -123,32 +123,64 @@ def test_off_keeps_the_old_path():
 
 
 class _FakeBatch:
-    """What ``Scheduler._poll`` reads: free rows and which prompt lengths may overtake."""
+    """What ``Scheduler._poll`` reads: how many of the waiting prompts, in order, may overtake (each at most
+    ``limit`` tokens, at most ``rows`` of them)."""
 
-    def __init__(self, limit):
-        self.limit, self.admitted, self.free_rows = limit, [], [0, 1, 2]
+    def __init__(self, limit, rows=3):
+        self.limit, self.rows = limit, rows
 
-    def overtake_row(self, n):
-        return 0 if n <= self.limit else None
+    def overtake_count(self, lens):
+        n = next((i for i, k in enumerate(lens) if k > self.limit), len(lens))
+        return min(n, self.rows)
 
 
-def test_poll_admits_only_prompts_that_can_overtake(monkeypatch):
+def test_poll_admits_the_prompts_that_can_overtake_together(monkeypatch):
     target = tiny_model("tiny-llama")
     eng = _engine(target, None, "ar")
     sched = Scheduler(eng)
-    fake = _FakeBatch(limit=10)
-    sched.batch = fake
-    taken = []
-    monkeypatch.setattr(sched, "_admit", lambda limit=None: taken.append(sched._waiting.popleft()))
+    sched.batch = _FakeBatch(limit=10)
+    calls = []
+    monkeypatch.setattr(sched, "_admit", lambda limit=None: calls.append(sched._take_fair(limit)))
     short, long_ = prompts([5, 20], target.cfg.vocab_size, seed=2)
     params = SamplingParams(max_new_tokens=3)
     sched.submit(eng.new_request(short, params), lambda ev: None)
     sched._poll()
-    assert [len(s.request.prompt) for s in taken] == [5]
+    assert [[len(s.request.prompt) for s in c] for c in calls] == [[5]]
+    for _ in range(2):  # two that arrived during the last prefill: one admission, one packed prefill
+        sched.submit(eng.new_request(short, params), lambda ev: None)
     sched.submit(eng.new_request(long_, params), lambda ev: None)
     sched.submit(eng.new_request(short, params), lambda ev: None)
-    sched._poll()  # the first in line cannot overtake: it and those behind it wait for the round boundary
-    assert len(taken) == 1 and len(sched._waiting) == 2
+    sched._poll()  # the long one cannot overtake: it and the one behind it wait for the round boundary
+    assert [[len(s.request.prompt) for s in c] for c in calls] == [[5], [5, 5]]
+    assert [len(s.request.prompt) for s in sched._waiting] == [20, 5]
+
+
+def test_poll_admits_no_more_than_the_rows_that_can_take_them(monkeypatch):
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, None, "ar")
+    sched = Scheduler(eng)
+    fake = sched.batch = _FakeBatch(limit=10, rows=2)
+    calls = []
+
+    def admit(limit=None):
+        calls.append(sched._take_fair(limit))
+        fake.rows -= limit
+
+    monkeypatch.setattr(sched, "_admit", admit)
+    (short,) = prompts([5], target.cfg.vocab_size, seed=2)
+    for _ in range(3):
+        sched.submit(eng.new_request(short, SamplingParams(max_new_tokens=3)), lambda ev: None)
+    sched._poll()
+    assert [len(c) for c in calls] == [2] and len(sched._waiting) == 1
+
+
+def test_overtake_count_gives_each_prompt_its_own_row_in_order():
+    batch = _batch_with_free_row(100 + MARGIN)
+    batch.release(0)
+    assert batch.overtake_count([10, 10]) == 1  # one free row keeps a length: one prompt overtakes
+    assert batch.overtake_count([101, 10]) == 0  # the first in line cannot: none goes ahead of it
+    batch._free_len[1] = 100 + MARGIN
+    assert batch.overtake_count([10, 100, 5]) == 2
 
 
 @pytest.mark.gpu

@@ -54,6 +54,21 @@ def _cache_rows(eng, rows, upto):
     return out
 
 
+@pytest.mark.parametrize("kind", ["layer", "eagle3"])
+def test_between_sees_the_targets_logits_before_the_drafters_half(kind, monkeypatch):
+    """``between`` gets the final logits of the new rows, and runs before the drafter writes anything."""
+    eng = _engine(kind, max_batch=4)
+    V = eng.target.cfg.vocab_size
+    for i, p in enumerate(prompts([11, 6], V, seed=3)):
+        eng.state.history[2 * i + 1, : len(p)] = torch.tensor(p)
+    order, real = [], pp.draft_prefill
+    monkeypatch.setattr(pp, "draft_prefill", lambda *a, **k: order.append("draft") or real(*a, **k))
+    seen = []
+    last = pp.packed_prefill(eng, [0, 11, 0, 6], between=lambda x: order.append("between") or seen.append(x.clone()))
+    assert order == ["between", "draft"]
+    torch.testing.assert_close(seen[0], last)
+
+
 @pytest.mark.parametrize("kind", ["none", "layer", "eagle3"])
 def test_packed_equals_padded_prefill(kind):
     """The same logits for the new rows, the same K/V in their slots (target and drafter), the same EAGLE-3

@@ -144,7 +144,8 @@ class Engine:
         self.target_runner = ModelRunner(target, options.max_batch_size, options.max_seq_len, **kw)
         self.draft_runner = ModelRunner(draft, options.max_batch_size, options.max_seq_len, **kw) if draft else None
         if OVERTAKE:  # the flag the rounds' gates read while a prefill overtakes them (RowBatch._overtake)
-            self.target_runner.enable_gates()
+            if self.target_runner.enable_gates() and self.draft_runner is not None:
+                self.draft_runner.share_gates(self.target_runner.hold)
         eos = set(target.cfg.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", []) or [])
         self.eos = frozenset(eos)
         if self.target_runner.recurrent is not None:

@@ -167,6 +167,14 @@ def _core(engine, B: int, ins: PackedRows, W: int, commit: bool = True):
 def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]], commit: bool = True):
     """``_core`` for several groups of slots, each at its own width, in one target pass: the projections and
     the MLP read every weight once for all of them (``mixed_forward``), attention runs per group."""
+    last, drafts = _target_parts(engine, B, parts)
+    pending = _draft_parts(engine, B, drafts, commit)
+    return last if commit else (last, pending)
+
+
+def _target_parts(engine, B: int, parts: list[tuple[PackedRows, int]]):
+    """The target's half of ``_core_parts``: (last-position logits [B, V], what the drafter's half reads:
+    (group, keep, features) per group of slots). Tensor work only (capturable)."""
     st, dev, max_seq = engine.state, engine.device, engine.options.max_seq_len
     fl = engine.feature_layers
     groups, keeps = [], []
@@ -183,7 +191,7 @@ def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]], commit: boo
         groups.append(Group(st.history[rows, :W], pos, slots, None, rows, logit_rows=last_row,
                             feature_layers=fl))  # fmt: skip
     outs = mixed_forward(engine.target, groups, engine.target_runner.kv.layers)
-    last, pending = None, []
+    last, drafts = None, []
     for group, out, (used, keep) in zip(groups, outs, keeps, strict=True):
         logits, feats = out if fl is not None else (out, None)
         # Per row of the batch. index_add, not index_copy: unused slots name row 0 and add zeros, so they never
@@ -192,8 +200,16 @@ def _core_parts(engine, B: int, parts: list[tuple[PackedRows, int]], commit: boo
         if last is None:
             last = torch.zeros(B, logits.shape[-1], dtype=logits.dtype, device=dev)
         last.index_add_(0, group.rows, logits)
+        drafts.append((group, keep, feats))
+    return last, drafts
+
+
+def _draft_parts(engine, B: int, drafts: list, commit: bool = True) -> list:
+    """The drafter's half of ``_core_parts`` (``draft_prefill`` per group): the round state left pending."""
+    pending = []
+    for group, keep, feats in drafts:
         pending += draft_prefill(engine, B, group, keep, feats, commit)
-    return last if commit else (last, pending)
+    return pending
 
 
 def commit_pending(st, B: int, pending: list) -> None:
@@ -245,19 +261,23 @@ def last_features(st, B: int, rows, keep, feats, last_row) -> tuple[torch.Tensor
 
 
 @torch.inference_mode()
-def packed_prefill(engine, lens: list[int], slot0: int = 0, commit: bool = True):
+def packed_prefill(engine, lens: list[int], slot0: int = 0, commit: bool = True, between=None):
     """``Engine.prefill_rows`` for the rows with ``lens[b] > 0`` alone: last-position logits [B, V] (zeros in
     the other rows, which nothing is written for). ``slot0`` = max_seq_len writes only scratch slots and
     keeps no row state (the warm-up's cost probe). The prompts are in rows 0 .. B - 1 of the engine's state.
-    With ``commit`` False, (logits, pending) as ``_core`` returns them: the caller writes the round state."""
+    With ``commit`` False, (logits, pending) as ``_core`` returns them: the caller writes the round state.
+    ``between(logits)`` runs after the target's half and before the drafter's (``RowBatch._overtake`` reads
+    the first tokens there: they need the target alone)."""
     B = len(lens)
     new = [i for i, n in enumerate(lens) if n > 0]
     lens_new = [lens[i] for i in new]
     graphs = engine.packed_graphs
     key = graphs.key(B, len(new), max(lens_new)) if graphs is not None else None
     if key in (graphs or ()):
-        last, pending = graphs.replay(key, new, lens_new, slot0)
-        last = last[:B]
+        last = graphs.replay_target(key, new, lens_new, slot0)[:B]
+        if between is not None:
+            between(last)
+        pending = graphs.replay_draft(key)
     else:
         from .engine import prefill_width
 
@@ -267,7 +287,10 @@ def packed_prefill(engine, lens: list[int], slot0: int = 0, commit: bool = True)
             rows = torch.tensor(tier, device=dev)
             ins = PackedRows(rows, torch.tensor([lens[i] for i in tier], device=dev), torch.full_like(rows, slot0))
             parts.append((ins, prefill_width(max(lens[i] for i in tier), chunk)))
-        last, pending = _core_parts(engine, B, parts, commit=False)
+        last, drafts = _target_parts(engine, B, parts)
+        if between is not None:
+            between(last)
+        pending = _draft_parts(engine, B, drafts, commit=False)
     if not commit:
         return last, pending
     commit_pending(engine.state, B, pending)
@@ -328,6 +351,8 @@ class PackedGraphs:
 
     @torch.inference_mode()
     def capture(self, key: tuple[int, int, int]) -> None:
+        """Two graphs per key, the target's half and the drafter's (``_target_parts``, ``_draft_parts``), so
+        that the first tokens can be read between them (``packed_prefill``'s ``between``)."""
         if key in self._graphs:
             return
         if key in self.refused:
@@ -340,19 +365,31 @@ class PackedGraphs:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
                 self._stream = torch.cuda.Stream()
-            graph = torch.cuda.CUDAGraph()
+            target, draft = torch.cuda.CUDAGraph(), None
             with own_counters((eng.target, eng.draft), self._counters):
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-                    out = _core(eng, B, ins, W, commit=False)
+                with torch.cuda.graph(target, pool=self._pool, stream=self._stream):
+                    last, drafts = _target_parts(eng, B, [(ins, W)])
+                pending = []
+                if eng.draft_runner is not None:
+                    draft = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(draft, pool=self._pool, stream=self._stream):
+                        pending = _draft_parts(eng, B, drafts, commit=False)
         except Exception as e:  # noqa: BLE001 - a key that cannot be captured is not packed in a graph
             self.refused[key] = f"{type(e).__name__}: {e}"
             log.warning("packed prefill %s not captured (the padded or eager prefill serves it): %s", key, e)
             return
-        self._graphs[key] = (graph, ins, out)
+        self._graphs[key] = (target, draft, ins, last, pending)
 
-    def replay(self, key, rows: list[int], lens: list[int], slot0: int = 0) -> tuple:
-        """(logits [bucket, V], pending round state) of the prompts ``lens`` in ``rows``."""
-        graph, ins, out = self._graphs[key]
+    def replay_target(self, key, rows: list[int], lens: list[int], slot0: int = 0) -> torch.Tensor:
+        """Logits [bucket, V] of the prompts ``lens`` in ``rows``: the target's half."""
+        target, _, ins, last, _ = self._graphs[key]
         ins.fill(rows, lens, slot0, self.engine.options.max_seq_len)
-        graph.replay()
-        return out
+        target.replay()
+        return last
+
+    def replay_draft(self, key) -> list:
+        """The drafter's half of the prefill ``replay_target`` just ran: the round state left pending."""
+        _, draft, _, _, pending = self._graphs[key]
+        if draft is not None:
+            draft.replay()
+        return pending

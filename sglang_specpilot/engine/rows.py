@@ -44,7 +44,7 @@ import torch
 
 from ..kernels.hold_gate import hold, release
 from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path, carry_kind, rider_width
-from .packed_prefill import commit_pending, packable, packed_prefill
+from .packed_prefill import SLOT_BUCKETS, commit_pending, packable, packed_prefill
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
 
@@ -101,6 +101,7 @@ class RowBatch:
         self._pinned = (
             [torch.empty((B, width), dtype=torch.long, pin_memory=True) for _ in range(2)] if dev.type == "cuda" else []
         )
+        self._first_pinned = torch.empty((B, 2), dtype=torch.long, pin_memory=True) if dev.type == "cuda" else None
         self._launches = 0
         self.rounds = 0  # row-rounds: one per row in use per step
         self.round_tokens = 0  # tokens those row-rounds emitted (accepted drafts + bonus)
@@ -222,9 +223,22 @@ class RowBatch:
         rows = self.free_rows if free is None else free
         return next((r for r in rows if self._free_len[r] >= need), None)
 
+    def overtake_count(self, lens: list[int]) -> int:
+        """How many of the prompts of ``lens`` tokens, taken in order, ``admit`` would prefill together beside
+        the rounds in flight: each takes the row ``overtake_row`` gives it among the rows still free, up to
+        the first that gets none and at most the largest captured prefill's slots (``SLOT_BUCKETS``)."""
+        free, n = self.free_rows, 0
+        for k in lens[: SLOT_BUCKETS[-1]]:
+            row = self.overtake_row(k, free)
+            if row is None:
+                break
+            free.remove(row)
+            n += 1
+        return n
+
     def _overtake(self, reqs: list[Request]) -> list[StreamEvent]:
         """Prefill ``reqs`` (in rows ``overtake_row`` chose) beside the rounds in flight, on a stream of
-        higher priority, and return their first-token events as soon as that prefill is done.
+        higher priority, and return their first-token events as soon as the target's half of it is done.
 
         Why. Under the lookahead a prompt that arrives while round t runs is admitted after round t + 1 was
         launched, so its separate prefill waited for both, and its first token came a whole round later than
@@ -241,7 +255,10 @@ class RowBatch:
 
         Priority alone shares the GPU: the round's kernels and the prefill's alternate (kernels/hold_gate.py),
         so the prefill also sets the target runner's ``hold`` flag while it runs, and the rounds in flight
-        wait at their next gate (``runner.GATES`` a round) until it is done."""
+        wait at their next gate (``runner.GATES`` a round, and one before each draft forward) until the
+        target's half is done. The first tokens need only that half (``packed_prefill``'s ``between``): they
+        are read back while the drafter's half (an EAGLE-3 drafter's one layer, ~1.1 ms of the H100's 13.5 ms
+        for one prompt, lifted 8B) runs beside the rounds, which go on meanwhile."""
         eng, st, dev = self.engine, self.state, self.engine.device
         lens = self._prompt_lens(reqs)
         hi, longest = len(lens), max(lens)
@@ -255,20 +272,32 @@ class RowBatch:
             self._prio = torch.cuda.Stream(dev, priority=-100)  # mapped to the highest the device has
         main = torch.cuda.current_stream(dev) if cuda else None
         flag = eng.target_runner.hold
+        early: list = []
+
+        def first_tokens(last: torch.Tensor) -> None:
+            # Between the target's half and the drafter's: the first tokens need the target alone, so they
+            # are on their way to the host while the drafter writes its K/V, and the rounds go on (their
+            # gates released) beside that small half at the prefill's priority.
+            if flag is not None:
+                release(flag)
+            early.append(self._first_tokens(reqs, last, bs, wait=False))
+
         with torch.cuda.stream(self._prio) if cuda else contextlib.nullcontext():
-            if flag is not None:  # the rounds in flight stop at their next gate until the prefill is done
+            # Sampling tensors of its own, made on this stream (the cached ones serve the rounds' stream).
+            params = [r.params if r is not None else _IDLE for r in self.rows[:hi]]
+            bs = BatchSampling.from_params(params, dev, self.generator)
+            if flag is not None:  # the rounds in flight stop at their next gate until the target's half is done
                 hold(flag)
             try:
                 for r in reqs:  # the padding past the prompt is read but reaches no logit (causal)
                     st.history[r.index, : len(r.prompt)] = torch.tensor(r.prompt).to(dev)
-                last, pending = packed_prefill(eng, lens, commit=False)
+                last, pending = packed_prefill(eng, lens, commit=False, between=first_tokens)
             finally:  # never leave the rounds waiting: a prefill that raised releases them too
                 if flag is not None:
                     release(flag)
-            # Sampling tensors of its own, made on this stream (the cached ones serve the rounds' stream).
-            params = [r.params if r is not None else _IDLE for r in self.rows[:hi]]
-            first, first_host = self._first_tokens(reqs, last, BatchSampling.from_params(params, dev, self.generator))
-        if cuda:  # the prefill is done (read back above); the state follows the rounds in flight
+            first, first_host = early[0]
+            first_host = first_host()  # waits for the target's half and the sampling alone
+        if cuda:  # the prefill is done (the drafter's half too); the state follows the rounds in flight
             done = torch.cuda.Event()
             done.record(self._prio)
             main.wait_event(done)
@@ -351,12 +380,27 @@ class RowBatch:
             lens[req.index] = len(req.prompt)
         return lens
 
-    def _first_tokens(self, reqs: list[Request], last: torch.Tensor, bs: BatchSampling) -> tuple:
+    def _first_tokens(self, reqs: list[Request], last: torch.Tensor, bs: BatchSampling, wait: bool = True) -> tuple:
         """(first tokens [hi] on the device, [[token, non-finite flag]] of ``reqs`` on the host) from the
-        prefill's last-position logits: one read back, the prefill's one sync (of the current stream)."""
+        prefill's last-position logits: one read back, the prefill's one sync (of the current stream). With
+        ``wait`` False the read back is only started (CUDA: into pinned memory, behind an event), and the
+        second item is a function that waits for it alone and returns the list."""
         first = next_tokens(last, bs)
         rows = torch.tensor([r.index for r in reqs], device=self.engine.device)
-        return first, torch.stack([first[rows], nonfinite_rows(last[rows]).long()], 1).tolist()
+        flags = torch.stack([first[rows], nonfinite_rows(last[rows]).long()], 1)
+        if wait or flags.device.type != "cuda":
+            host = flags.tolist()
+            return first, host if wait else (lambda: host)
+        pinned = self._first_pinned[: flags.shape[0]]  # read below, before any other prefill may reuse it
+        pinned.copy_(flags, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+
+        def read() -> list:
+            ready.synchronize()
+            return pinned.tolist()
+
+        return first, read
 
     def _start_rows(self, reqs: list[Request], first: torch.Tensor, first_host: list) -> list[StreamEvent]:
         """Rows just prefilled join the rounds (those whose logits were finite) and emit their first token."""

@@ -213,6 +213,7 @@ class ModelRunner:
         # while it is a tensor wait at ``GATES`` points between their layers while it is set (kernels/
         # hold_gate.py). None (the default, and on the CPU): rounds have no gates.
         self.hold: torch.Tensor | None = None
+        self._gate_each_forward = False  # a drafter's runner: one gate before each forward (``share_gates``)
 
     def _forward(
         self, tokens, seq_len, anc, depth, kv_len, logit_rows=None, layer_fn=None, fused_attention=False, **extra
@@ -334,6 +335,13 @@ class ModelRunner:
             wait_while_held(self.hold)  # the kernel compiled and loaded here, not first inside a graph capture
         return self.hold is not None
 
+    def share_gates(self, flag: torch.Tensor | None) -> None:
+        """A drafter's runner waits at the target runner's flag (``enable_gates``) once before each of its
+        round forwards, one a draft step: a prefill that overtakes a round in its draft phase would otherwise
+        share the GPU with its draft steps up to the target's first gate (the draft phase of the lifted 8B's
+        (6, 8) tree round is one drafter forward a depth, each a few small kernels). None: no gates."""
+        self.hold, self._gate_each_forward = flag, flag is not None
+
     def _gate(self, layer: int) -> None:
         # Evenly spaced from layer 0: the round's draft work ends at the first one.
         if layer % -(-self.model.num_layers // GATES) == 0:
@@ -342,7 +350,9 @@ class ModelRunner:
     def _round_forward(self, tokens, positions, slots, seq_len, anc, kv_len, **extra) -> torch.Tensor:
         if self.rider is not None:
             return self._ride(tokens, positions, slots, seq_len, anc, kv_len, **extra)
-        if self.hold is not None:  # only where ``enable_gates`` made it
+        if self._gate_each_forward:  # a drafter's step (``share_gates``)
+            wait_while_held(self.hold)
+        elif self.hold is not None:  # only where ``enable_gates`` made it
             extra["gate"] = self._gate
         if self.round_fused:
             return self.model(
