@@ -17,7 +17,7 @@ drafter through ``mixed_forward`` the same way; an EAGLE-3 drafter's one layer n
 
 Captured. Eager, the packed prefill of one 64-token prompt took 25.9 ms of wall time for 10.5 ms of GPU
 work (1,518 kernels; H100, lifted 8B, 47ae92f, admit_profile.json), so where rounds are captured it is a
-CUDA graph per (bucket, slots, width) (``PackedGraphs``): the new rows fill ``SLOT_BUCKETS`` slots (unused
+pair of CUDA graphs per (bucket, slots, width) (``PackedGraphs``: the target's half, then the drafter's): the new rows fill ``SLOT_BUCKETS`` slots (unused
 slots prefill row 0's scratch slots and keep nothing), the width is rounded up to a power of two (64, 128,
 ..., the chunk), and the batch to its bucket. Those are captured at warm-up for buckets above
 ``PREFILL_GRAPH_MAX_BATCH`` (up to that the padded prefill replays its own graphs). Elsewhere (the CPU, more
