@@ -199,8 +199,8 @@ def test_captured_packed_prefill_equals_each_request_alone_gpu(kind, monkeypatch
     assert eng.packed_graphs is not None and not eng.packed_graphs.refused
     assert (8, 1, 64) in eng.packed_graphs
     replays = []
-    real = pp.PackedGraphs.replay
-    monkeypatch.setattr(pp.PackedGraphs, "replay", lambda self, *a: (replays.append(a[0]), real(self, *a))[1])
+    real = pp.PackedGraphs.replay_target
+    monkeypatch.setattr(pp.PackedGraphs, "replay_target", lambda self, *a: (replays.append(a[0]), real(self, *a))[1])
     ps = prompts([9, 30, 4, 17, 22, 6, 70, 12], eng.target.cfg.vocab_size, seed=5)
     n_new = [14, 6, 11, 9, 16, 8, 12, 10]
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in n_new]
