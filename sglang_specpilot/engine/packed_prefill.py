@@ -17,12 +17,12 @@ drafter through ``mixed_forward`` the same way; an EAGLE-3 drafter's one layer n
 
 Captured. Eager, the packed prefill of one 64-token prompt took 25.9 ms of wall time for 10.5 ms of GPU
 work (1,518 kernels; H100, lifted 8B, 47ae92f, admit_profile.json), so where rounds are captured it is a
-pair of CUDA graphs per (bucket, slots, width) (``PackedGraphs``: the target's half, then the drafter's): the new rows fill ``SLOT_BUCKETS`` slots (unused
-slots prefill row 0's scratch slots and keep nothing), the width is rounded up to a power of two (64, 128,
-..., the chunk), and the batch to its bucket. Those are captured at warm-up for buckets above
-``PREFILL_GRAPH_MAX_BATCH`` (up to that the padded prefill replays its own graphs). Elsewhere (the CPU, more
-new rows than a slot bucket holds) it runs eagerly with one slot per new row, where padding would at least
-double the rows run and the padded prefill replays no graph.
+pair of CUDA graphs per (bucket, slots, width) (``PackedGraphs``: the target's half, then the drafter's):
+the new rows fill ``SLOT_BUCKETS`` slots (unused slots prefill row 0's scratch slots and keep nothing), the
+width is rounded up to a power of two (64, 128, ..., the chunk), and the batch to its bucket. Those are
+captured at warm-up for buckets above ``PREFILL_GRAPH_MAX_BATCH`` (up to that the padded prefill replays
+its own graphs). Elsewhere (the CPU, more new rows than a slot bucket holds) it runs eagerly with one slot per
+new row, where padding would at least double the rows run and the padded prefill replays no graph.
 
 Waves. Prompts that arrive together (``generate``, or a closed loop's clients whose requests ended in one
 round) fill every row, so the padded prefill pads only in width, to the longest prompt. Where that would run
