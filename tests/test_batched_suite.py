@@ -62,6 +62,18 @@ def test_dry_run_on_cpu(folders, tmp_path):
     assert "| batched_min_speedup_vs_ar |" in md and md.endswith(doc["table"])
     reqs = [r for r in doc["rows"] if r["case"] == "requests"]
     assert len(reqs) == 12 and all(len(r["requests"]) == max(2 * r["concurrency"], 3) for r in reqs)
+    # Where each request's time to first token went: its arrival on the run's clock, the wait for admission and
+    # admission to first token (a prompt that rode in a round has no prefill of its own: no stamps).
+    for r in (x for row in reqs for x in row["requests"]):
+        assert 0 <= r["submit_s"] and 0 < r["ttft_s"], r
+        if r["prefill_s"] is not None:
+            assert 0 <= r["admit_wait_s"] and 0 < r["prefill_s"] and r["prefill_group"] >= 1, r
+            assert r["admit_wait_s"] + r["prefill_s"] <= r["ttft_s"] + 1e-6, r
+            assert r["overtook"] is False  # the CPU runs no lookahead: nothing is in flight to overtake
+    assert all(x["prefill_s"] is not None for row in reqs if row["system"] == "ar" for x in row["requests"])
+    for n in (1, 2, 4):  # the steady requests' parts, summarized per cell
+        c = cells[("ar", n)]
+        assert 0 < c["prefill_steady_p50_s"] <= c["ttft_steady_p50_s"] and c["admit_wait_steady_p50_s"] >= 0
     with pytest.raises(SystemExit, match="--requests-per-client must be >= 1"):
         run_suite("batched", _argv(folders, tmp_path / "bad", "--requests-per-client", "0"))
 

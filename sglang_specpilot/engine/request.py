@@ -65,6 +65,13 @@ class Request:
     round_tokens: int = 0
     start: float = field(default_factory=time.perf_counter)
     end: float = 0.0
+    # Where its time to first token went (perf_counter; the batched suite's per-request rows): when the
+    # batch took it in (``RowBatch.admit``), when its first token reached the host, how many prompts its
+    # prefill held, and whether that prefill overtook rounds in flight (``RowBatch._overtake``).
+    admitted_at: float | None = None
+    first_at: float | None = None
+    prefill_group: int = 0
+    overtook: bool = False
 
     def add(self, new_ids: list[int], decode, count_round: bool) -> StreamEvent | None:
         """Append a step's tokens, apply EOS / max-token / stop-string rules, return the event to send."""

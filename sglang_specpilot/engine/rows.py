@@ -185,6 +185,9 @@ class RowBatch:
         free = self.free_rows
         if len(reqs) > len(free):
             raise ValueError(f"{len(reqs)} requests but only {len(free)} free rows")
+        now = time.perf_counter()
+        for req in reqs:
+            req.admitted_at = now
         events, placed, overtaking = [], [], set()
         for req in reqs:
             row = self.overtake_row(len(req.prompt), free)
@@ -306,6 +309,8 @@ class RowBatch:
             st.history[r.index, len(r.prompt) :] = 0
         commit_pending(st, hi, pending)
         self.overtaken += len(reqs)
+        for r in reqs:
+            r.overtook = True
         return self._start_rows(reqs, first, first_host)
 
     def _park_riders(self, placed: list[Request]) -> list[Request]:
@@ -411,8 +416,9 @@ class RowBatch:
             st.next_tok[live] = first[live]
             st.seq_len[live] = torch.tensor([len(r.prompt) for r in ok], device=dev)
             st.in_use[live] = True
-        events = []
+        events, now = [], time.perf_counter()
         for req, (tok, bad) in zip(reqs, first_host, strict=True):
+            req.first_at, req.prefill_group = now, len(reqs)
             if bad:
                 events += self._fail(req, NONFINITE, clear_kv=True)
                 continue

@@ -308,7 +308,8 @@ class _Run(RunLog):  # its own write(): the batched file carries no command line
         self.generations[(system, n)] = [(chosen[r["prompt"]], r["token_ids"]) for r in records if r["error"] is None]
         for s in [x for x in self.systems if x != "ar"] if system == "ar" else [system]:
             self.force(s, n)
-        keep = ("prompt", "n_prompt", "tokens", "ttft_s", "itl_s", "request_s", "error")
+        keep = ("prompt", "n_prompt", "tokens", "ttft_s", "itl_s", "request_s", "error", "submit_s", "admit_wait_s",
+                "prefill_s", "prefill_group", "overtook")  # fmt: skip
         self.out["rows"].append({"case": "requests", "system": system, "concurrency": n,
                                  "requests": [{k: r.get(k) for k in keep} for r in records]})  # fmt: skip
         tps = c["total_tokens_per_s"]

@@ -54,7 +54,8 @@ def run_clients(sched, engine, prompts: list[list[int]], n_clients: int, new_tok
         t0 = time.perf_counter()
         try:
             params = SamplingParams(max_new_tokens=counts[i], ignore_eos=True)
-            sched.submit(engine.new_request(prompts[i], params), sink)
+            req = engine.new_request(prompts[i], params)
+            sched.submit(req, sink)
         except Exception as e:
             return rec | {"error": f"{type(e).__name__}: {e}", "tokens": 0}
         if not done.wait(max(0.0, deadline - t0)):
@@ -72,6 +73,7 @@ def run_clients(sched, engine, prompts: list[list[int]], n_clients: int, new_tok
             "ttft_s": first - t0,
             "itl_s": (last - first) / (n - 1) if n > 1 else None,
             "request_s": last - t0,
+            **_ttft_parts(req, t0),
         }
 
     def client(c: int) -> None:
@@ -88,6 +90,24 @@ def run_clients(sched, engine, prompts: list[list[int]], n_clients: int, new_tok
         t.start()
     for t in threads:
         t.join(max(0.0, deadline - time.perf_counter()) + 1.0)
+    for r in records:  # arrival times on the run's clock: which prompts came together
+        if r.get("submit") is not None:
+            r["submit_s"] = r["submit"] - start
     ends = [r["end"] for r in records if r.get("end") is not None]
     wall = (max(ends) if ends else time.perf_counter()) - start
     return sorted(records, key=lambda r: r["prompt"]), wall
+
+
+def _ttft_parts(req, t0: float) -> dict:
+    """Where a request's time to first token went, from the engine's stamps (``Request.admitted_at``,
+    ``first_at``): waiting for admission, then admission to its first token on the host (the prefill, and
+    whatever it waited for on the device); plus how many prompts its prefill held and whether it overtook
+    the rounds in flight. Empty where the engine stamped nothing (a prompt that rode in a round)."""
+    if req.admitted_at is None or req.first_at is None:
+        return {}
+    return {
+        "admit_wait_s": req.admitted_at - t0,
+        "prefill_s": req.first_at - req.admitted_at,
+        "prefill_group": req.prefill_group,
+        "overtook": req.overtook,
+    }

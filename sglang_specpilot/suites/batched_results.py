@@ -54,6 +54,13 @@ def cell(system: str, n: int, records: list[dict], wall_s: float, ar_ids: dict[i
         "itl_p50_s": statistics.median(itl) if itl else None,
         "itl_mean_s": statistics.fmean(itl) if itl else None,
     }
+    # The steady requests' time to first token in its two parts (``batched_clients._ttft_parts``): waiting to
+    # be admitted, and admission to the first token; and how many of them shared their prefill with others.
+    parts = [r for r in ok if r.get("prompt", 0) >= n and r.get("prefill_s") is not None]
+    if parts:
+        out["admit_wait_steady_p50_s"] = statistics.median(r["admit_wait_s"] for r in parts)
+        out["prefill_steady_p50_s"] = statistics.median(r["prefill_s"] for r in parts)
+        out["prefill_shared_steady"] = sum(r["prefill_group"] > 1 for r in parts)
     if ar_ids is not None and ok:
         same = [r["token_ids"] == ar_ids[r["prompt"]] for r in ok if r["prompt"] in ar_ids]
         out["same_as_ar"] = sum(same) / len(same) if same else None
