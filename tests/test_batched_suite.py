@@ -244,3 +244,25 @@ def test_request_lengths_are_drawn_once_per_request():
     for bad in ("x", "256-128", "0-4"):
         with pytest.raises(SystemExit, match="new-tokens"):
             request_lengths(bad, 3)
+
+
+def test_ttft_parts_probe_splits_steady_requests_by_arrival():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "ttft_parts.py"
+    spec = importlib.util.spec_from_file_location("ttft_parts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def req(prompt, submit, ttft, wait, prefill, group=1):
+        return {"prompt": prompt, "error": None, "submit_s": submit, "ttft_s": ttft, "admit_wait_s": wait,
+                "prefill_s": prefill, "prefill_group": group, "overtook": True}  # fmt: skip
+
+    reqs = [req(0, 0.0, 0.2, 0.0, 0.19), req(1, 0.0, 0.2, 0.0, 0.19)]  # the first wave: left out
+    reqs += [req(2, 0.5, 0.020, 0.001, 0.018), req(3, 0.5015, 0.034, 0.014, 0.019)]  # together
+    reqs += [req(4, 0.9, 0.016, 0.0005, 0.015, group=2)]  # alone
+    rep = mod.parts(reqs, 2, 0.002)
+    assert rep["steady"] == 3 and rep["together"]["requests"] == 2 and rep["alone"]["requests"] == 1
+    assert rep["together"]["admit_wait_p50_ms"] == 7.5 and rep["alone"]["shared_prefill"] == 1
+    assert rep["all"]["rest_p50_ms"] == 1.0 and rep["sorted_ttft_ms"] == [16.0, 20.0, 34.0]

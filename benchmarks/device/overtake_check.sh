@@ -20,6 +20,9 @@ sweep)
   echo "SPECPILOT_OVERTAKE=${SPECPILOT_OVERTAKE:-1}"
   SWEEP_S=${SWEEP_S:-420} NS=${NS:-16} SYSTEMS=${SYSTEMS:-ar,stock,specpilot_batched} EXTRA=${EXTRA:-} \
     bash benchmarks/device/recheck.sh sweep
+  for f in $OUT/sweep/batched*.json; do  # each steady request's TTFT in parts (admission wait, prefill, rest)
+    for n in ${NS//,/ }; do python benchmarks/probes/ttft_parts.py $f --n $n 2>&1 | tail -14; done
+  done
   mkdir -p /tmp/grid && cp $OUT/sweep/batched*.json /tmp/grid/ && ls /tmp/grid ;;
 *) echo "unknown stage $1"; exit 2 ;;
 esac
