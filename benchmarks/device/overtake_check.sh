@@ -21,7 +21,7 @@ sweep)
   SWEEP_S=${SWEEP_S:-420} NS=${NS:-16} SYSTEMS=${SYSTEMS:-ar,stock,specpilot_batched} EXTRA=${EXTRA:-} \
     bash benchmarks/device/recheck.sh sweep
   for f in $OUT/sweep/batched*.json; do  # each steady request's TTFT in parts (admission wait, prefill, rest)
-    for n in ${NS//,/ }; do python benchmarks/probes/ttft_parts.py $f --n $n 2>&1 | tail -14; done
+    ns=${NS:-16}; for n in ${ns//,/ }; do python benchmarks/probes/ttft_parts.py $f --n $n 2>&1 | tail -14; done
   done
   mkdir -p /tmp/grid && cp $OUT/sweep/batched*.json /tmp/grid/ && ls /tmp/grid ;;
 *) echo "unknown stage $1"; exit 2 ;;
