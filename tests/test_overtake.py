@@ -232,3 +232,45 @@ def test_commit_pending_writes_a_captured_buckets_rows():
     commit_pending(st, 2, [(kept, torch.full((8, 4), 7.0))])
     assert st.feats[1, 0].tolist() == [7.0] * 4 and st.n_prev[1] == 0
     assert st.feats[0, 0].tolist() == [1.0] * 4 and st.n_prev.tolist() == [5, 0] + [5] * 6
+
+
+def test_gather_window_holds_overtaking_prompts_until_the_finished_requests_clients_return(monkeypatch):
+    """With a gather window (``scheduler.GATHER_S``), after a dispatch that finished two requests the first
+    prompt to come back waits for the second, then both are admitted in one prefill; a window that passes
+    admits what came. Off (the default), the first is admitted at once."""
+    import sglang_specpilot.server.scheduler as sched_mod
+    from sglang_specpilot.engine.request import StreamEvent
+
+    target = tiny_model("tiny-llama")
+    eng = _engine(target, None, "ar")
+    sched = Scheduler(eng)
+    sched.batch = _FakeBatch(limit=10, rows=4)
+    calls = []
+    monkeypatch.setattr(sched, "_admit", lambda limit=None: calls.append(len(sched._take_fair(limit))))
+    (short,) = prompts([5], target.cfg.vocab_size, seed=2)
+
+    def finish_two():
+        sched._dispatch([StreamEvent(index=i, token_ids=[], text="", finished=True) for i in (0, 1)])
+
+    def arrive():
+        sched.submit(eng.new_request(short, SamplingParams(max_new_tokens=3)), lambda ev: None)
+
+    monkeypatch.setattr(sched_mod, "GATHER_S", 0.0)  # off: as before
+    finish_two()
+    arrive()
+    sched._poll()
+    assert calls == [1]
+    monkeypatch.setattr(sched_mod, "GATHER_S", 60.0)  # a window no test outlasts
+    calls.clear()
+    finish_two()
+    arrive()
+    sched._poll()
+    assert calls == [] and len(sched._waiting) == 1  # one of two clients back: wait for the other
+    arrive()
+    sched._poll()
+    assert calls == [2]  # both back: one admission
+    finish_two()
+    arrive()
+    sched._owed_since -= 61.0  # the window passed
+    sched._poll()
+    assert calls == [2, 1]

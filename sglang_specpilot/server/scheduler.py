@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -33,6 +34,15 @@ from ..engine.rows import RowBatch
 from .metrics import Metrics
 
 log = logging.getLogger("specpilot.server")
+
+# Gather window for prompts that overtake the rounds in flight (``Scheduler._poll``), in seconds; 0 (the
+# default): off, each prompt is admitted as soon as the batch can take it. SPECPILOT_GATHER_MS sets it for A/Bs
+# run in separate processes. Not measured yet, so off: closed-loop clients whose requests ended in one round
+# send their next prompts within about a millisecond of each other, and the first one's prefill (13-15 ms on
+# the H100's lifted 8B) is under way when the others come, so they wait for it (batched_h100.json, af7b241:
+# 13 of the mechanisms' 48 steady requests took 31-39 ms against a ~21 ms median; whether those came together
+# is what the suite's per-request stamps and probes/ttft_parts.py tell next).
+GATHER_S = float(os.environ.get("SPECPILOT_GATHER_MS", "0")) / 1e3
 
 # A sink receives the request's StreamEvents (the last one has ``finished``) or, if the engine failed,
 # one Exception. It runs on the scheduler thread and must not block.
@@ -63,6 +73,9 @@ class Scheduler:
         self._cancelled: set[int] = set()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # The gather window (``GATHER_S``): requests that finished in the latest dispatch that had any, less
+        # the submissions since, and when that dispatch was.
+        self._owed, self._owed_since = 0, 0.0
 
     # ---- called from any thread --------------------------------------------------------------------
     def start(self) -> None:
@@ -123,6 +136,7 @@ class Scheduler:
             kind, arg = item
             if kind == "submit":
                 self._waiting.append(arg)
+                self._owed = max(0, self._owed - 1)
             else:
                 self._cancel(arg)
             try:
@@ -181,9 +195,15 @@ class Scheduler:
         while count is not None:
             self._drain(block=False)
             n = count([len(s.request.prompt) for s in self._fair_order()]) if self._waiting else 0
-            if not n:
+            if not n or self._gathering():
                 return
             self._admit(limit=n)
+
+    def _gathering(self) -> bool:
+        """Whether to hold the waiting prompts back a little (``GATHER_S``): the latest dispatch finished
+        requests whose clients have not all sent their next prompt yet, and the window since has not passed.
+        Off by default; the next poll (``RowBatch.POLL_S`` later) asks again."""
+        return GATHER_S > 0 and self._owed > 0 and time.monotonic() - self._owed_since < GATHER_S
 
     def _admit(self, limit: int | None = None) -> None:
         n = min(len(self._waiting), len(self.batch.free_rows), limit or len(self._waiting))
@@ -215,6 +235,9 @@ class Scheduler:
             sub.request.index = -1
 
     def _dispatch(self, events: list[StreamEvent]) -> None:
+        finished = sum(ev.finished for ev in events)
+        if finished:  # closed-loop clients answer these with their next prompts (``_gathering``)
+            self._owed, self._owed_since = finished, time.monotonic()
         for ev in events:
             sub = self._by_row.get(ev.index)
             if sub is None:
