@@ -129,6 +129,10 @@ class _FakeBatch:
     def __init__(self, limit, rows=3):
         self.limit, self.rows = limit, rows
 
+    @property
+    def free_rows(self):
+        return list(range(self.rows))
+
     def overtake_count(self, lens):
         n = next((i for i, k in enumerate(lens) if k > self.limit), len(lens))
         return min(n, self.rows)

@@ -158,23 +158,25 @@ class Scheduler:
                 self.metrics.finished("cancelled", sub.request)
                 return
 
-    def _fair_order(self) -> list[Submission]:
-        """The waiting submissions in the order admission takes them: round-robin over their jobs (oldest
-        job first), so a call with 64 prompts does not hold back the single prompts behind it."""
+    def _fair_order(self, n: int) -> list[Submission]:
+        """The first ``n`` waiting submissions in the order admission takes them: round-robin over their jobs
+        (oldest job first), so a call with 64 prompts does not hold back the single prompts behind it."""
         by_group: dict[int, deque[Submission]] = {}
         for sub in self._waiting:
             by_group.setdefault(sub.group, deque()).append(sub)
         order: list[Submission] = []
-        while by_group:
+        while len(order) < n and by_group:
             for group in list(by_group):
                 order.append(by_group[group].popleft())
                 if not by_group[group]:
                     del by_group[group]
+                if len(order) == n:
+                    break
         return order
 
     def _take_fair(self, n: int) -> list[Submission]:
         """The first ``n`` waiting submissions in ``_fair_order``, taken off the queue."""
-        picked = self._fair_order()[:n]
+        picked = self._fair_order(n)
         chosen = {id(s) for s in picked}
         self._waiting = deque(s for s in self._waiting if id(s) not in chosen)
         return picked
@@ -188,13 +190,16 @@ class Scheduler:
         Together, not one at a time: the host waits for an overtaking prefill's first tokens, so prompts that
         arrive meanwhile (a closed loop's clients whose requests ended in one round) used to be prefilled one
         after another, each behind the last. On the H100 (lifted 8B, 16 clients, 3c17dd9,
-        batched_gates_ab_h100.json) 13 of the 48 prompts after the first wave waited 32-63 ms for their
-        first token that way, against a median of 22 ms. One prefill of two to eight prompts reads the
-        weights once (``packed_prefill.SLOT_BUCKETS``)."""
+        batched_gates_ab_h100.json) 13 of the 48 prompts after the first wave took 32-63 ms to their first
+        token against a median of 22 ms, and that was the suspected cause. One prefill of two to eight prompts
+        reads the weights once (``packed_prefill.SLOT_BUCKETS``). With this (af7b241, batched_h100.json) 13
+        still took 31-39 ms: not all of that tail, or not this cause (``probes/ttft_parts.py`` tells next).
+        The lengths asked about stop at the free rows: none past them can be admitted."""
         count = getattr(self.batch, "overtake_count", None)
         while count is not None:
             self._drain(block=False)
-            n = count([len(s.request.prompt) for s in self._fair_order()]) if self._waiting else 0
+            order = self._fair_order(len(self.batch.free_rows)) if self._waiting else []
+            n = count([len(s.request.prompt) for s in order]) if order else 0
             if not n or self._gathering():
                 return
             self._admit(limit=n)
