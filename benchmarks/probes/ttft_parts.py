@@ -39,20 +39,19 @@ def parts(requests: list[dict], n: int, together_s: float) -> dict:
     if not steady:
         return out
     stamped = [r for r in steady if r.get("prefill_s") is not None]
-    for r in stamped:
-        r["rest_s"] = r["ttft_s"] - r["admit_wait_s"] - r["prefill_s"]
 
     def together(r) -> bool:  # another request arrived within the window of this one
         t = r.get("submit_s")
         return t is not None and sum(abs(t - a) <= together_s for a in arrivals) > 1
 
     def row(rs: list[dict]) -> dict:
+        st = [r for r in rs if r.get("prefill_s") is not None]
         return {
             "requests": len(rs),
             "ttft_p50_ms": _ms(_p50([r["ttft_s"] for r in rs])),
-            "admit_wait_p50_ms": _ms(_p50([r["admit_wait_s"] for r in rs if "rest_s" in r])),
-            "prefill_p50_ms": _ms(_p50([r["prefill_s"] for r in rs if "rest_s" in r])),
-            "rest_p50_ms": _ms(_p50([r["rest_s"] for r in rs if "rest_s" in r])),
+            "admit_wait_p50_ms": _ms(_p50([r["admit_wait_s"] for r in st])),
+            "prefill_p50_ms": _ms(_p50([r["prefill_s"] for r in st])),
+            "rest_p50_ms": _ms(_p50([r["ttft_s"] - r["admit_wait_s"] - r["prefill_s"] for r in st])),
             "shared_prefill": sum((r.get("prefill_group") or 0) > 1 for r in rs),
             "overtook": sum(bool(r.get("overtook")) for r in rs),
         }
