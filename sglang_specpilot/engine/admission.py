@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.mixed_forward import Group
+from .host_copy import to_device
 from .packed_prefill import draft_prefill
 from .runner import side_stream_warmup
 from .sampling import next_tokens, nonfinite_rows
@@ -99,8 +100,8 @@ class Riders:
 
     def fill(self, rows: list[int], lens: list[int]) -> None:
         pad = self.rows.shape[0] - len(rows)
-        self.rows.copy_(torch.tensor(rows + [0] * pad))
-        self.lens.copy_(torch.tensor(lens + [0] * pad))
+        self.rows.copy_(to_device(rows + [0] * pad, self.rows.device))
+        self.lens.copy_(to_device(lens + [0] * pad, self.lens.device))
 
 
 class _Rider:

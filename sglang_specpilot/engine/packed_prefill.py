@@ -41,6 +41,7 @@ import torch
 from ..models.linear import own_counters
 from ..models.llama import Transformer
 from ..models.mixed_forward import Group, mixed_forward
+from .host_copy import to_device
 from .runner import PREFILL_GRAPH_MAX_BATCH, side_stream_warmup
 
 log = logging.getLogger("specpilot.engine")
@@ -151,9 +152,10 @@ class PackedRows:
 
     def fill(self, rows: list[int], lens: list[int], base: int, max_seq: int) -> None:
         pad = self.rows.shape[0] - len(rows)
-        self.rows.copy_(torch.tensor(rows + [0] * pad))
-        self.lens.copy_(torch.tensor(lens + [0] * pad))
-        self.base.copy_(torch.tensor([base] * len(rows) + [max_seq] * pad))
+        dev = self.rows.device
+        self.rows.copy_(to_device(rows + [0] * pad, dev))
+        self.lens.copy_(to_device(lens + [0] * pad, dev))
+        self.base.copy_(to_device([base] * len(rows) + [max_seq] * pad, dev))
 
 
 def _core(engine, B: int, ins: PackedRows, W: int, commit: bool = True):
@@ -284,8 +286,8 @@ def packed_prefill(engine, lens: list[int], slot0: int = 0, commit: bool = True,
         dev, chunk = engine.device, engine.options.prefill_chunk
         parts = []
         for tier in width_tiers(lens, chunk):
-            rows = torch.tensor(tier, device=dev)
-            ins = PackedRows(rows, torch.tensor([lens[i] for i in tier], device=dev), torch.full_like(rows, slot0))
+            rows = to_device(tier, dev)
+            ins = PackedRows(rows, to_device([lens[i] for i in tier], dev), torch.full_like(rows, slot0))
             parts.append((ins, prefill_width(max(lens[i] for i in tier), chunk)))
         last, drafts = _target_parts(engine, B, parts)
         if between is not None:

@@ -44,6 +44,7 @@ import torch
 
 from ..kernels.hold_gate import hold, release
 from .admission import FALLBACK, RIDE, RIDER_SLOTS, admission_path, carry_kind, rider_width
+from .host_copy import to_device
 from .packed_prefill import SLOT_BUCKETS, commit_pending, packable, packed_prefill
 from .request import Request, StreamEvent
 from .sampling import BatchSampling, SamplingParams, next_tokens, nonfinite_rows
@@ -293,7 +294,7 @@ class RowBatch:
                 hold(flag)
             try:
                 for r in reqs:  # the padding past the prompt is read but reaches no logit (causal)
-                    st.history[r.index, : len(r.prompt)] = torch.tensor(r.prompt).to(dev)
+                    st.history[r.index, : len(r.prompt)] = to_device(r.prompt, dev)
                 last, pending = packed_prefill(eng, lens, commit=False, between=first_tokens)
             finally:  # never leave the rounds waiting: a prefill that raised releases them too
                 if flag is not None:
@@ -342,7 +343,7 @@ class RowBatch:
         BatchSampling.from_params([req.params], "cpu", self.generator)  # this row's part of the batch's tensors
         if history:
             st.history[req.index].zero_()  # drafts read past the length; keep them independent of the last owner
-            st.history[req.index, : len(req.prompt)] = torch.tensor(req.prompt, device=dev)
+            st.history[req.index, : len(req.prompt)] = to_device(req.prompt, dev)
         if req.params.seed is not None:
             self.generator.manual_seed(req.params.seed)
 
@@ -391,7 +392,7 @@ class RowBatch:
         ``wait`` False the read back is only started (CUDA: into pinned memory, behind an event), and the
         second item is a function that waits for it alone and returns the list."""
         first = next_tokens(last, bs)
-        rows = torch.tensor([r.index for r in reqs], device=self.engine.device)
+        rows = to_device([r.index for r in reqs], self.engine.device)
         flags = torch.stack([first[rows], nonfinite_rows(last[rows]).long()], 1)
         if wait or flags.device.type != "cuda":
             host = flags.tolist()
@@ -412,9 +413,9 @@ class RowBatch:
         st, dev = self.state, self.engine.device
         ok = [req for req, (_, bad) in zip(reqs, first_host, strict=True) if not bad]
         if ok:
-            live = torch.tensor([r.index for r in ok], device=dev)
+            live = to_device([r.index for r in ok], dev)
             st.next_tok[live] = first[live]
-            st.seq_len[live] = torch.tensor([len(r.prompt) for r in ok], device=dev)
+            st.seq_len[live] = to_device([len(r.prompt) for r in ok], dev)
             st.in_use[live] = True
         events, now = [], time.perf_counter()
         for req, (tok, bad) in zip(reqs, first_host, strict=True):

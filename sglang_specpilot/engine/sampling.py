@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .host_copy import to_device
+
 try:  # Triton is optional on CPU-only installs: greedy rows then take torch's argmax.
     from ..kernels.greedy import greedy_pick
 except ImportError:  # pragma: no cover - exercised only where triton is missing
@@ -83,9 +85,9 @@ class BatchSampling:
             gen = torch.Generator(device=device)
             gen.manual_seed(seed if seed is not None else torch.seed())
         return cls(
-            temperature=torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32),
-            top_k=torch.tensor([p.top_k for p in params], device=device, dtype=torch.int64),
-            top_p=torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32),
+            temperature=to_device([p.temperature for p in params], device, torch.float32),
+            top_k=to_device([p.top_k for p in params], device, torch.int64),
+            top_p=to_device([p.top_p for p in params], device, torch.float32),
             all_greedy=all(p.greedy for p in params),
             needs_filter=any(p.top_k > 0 or p.top_p < 1 for p in params),
             generator=gen,
