@@ -15,10 +15,10 @@ stalled the scheduler until both were done. Two places paid it:
 The measurement that points there (H100, lifted 8B, 16 closed-loop clients, d037458, 2026-12-07, the batched
 suite's per-request parts): admission to first token took 14.6-15.1 ms for AR at prompts of up to 64 tokens and
 15.0-16.4 ms up to 128, in a narrow band, while the captured prefill of about 5 prompts of up to 316 tokens took
-14.4 ms on the stream; the speculative rounds took 18.0-19.2 ms at the same widths (one of 15 at 27.9),
-about what their longer rounds (9.4 against 6.2 ms) add if the first token waits for round t + 1. Clients submit right after their last
-token, so they arrive early in round t, which explains the narrow band. Not measured yet: the A/B of this
-module (``benchmarks/device/host_copy_check.sh``); no device time was left in the session that wrote it.
+14.4 ms on the stream; the speculative rounds took 18.0-19.2 ms at the same widths (one of 15 at 27.9), about what
+their longer rounds (9.4 against 6.2 ms) add if the first token waits for round t + 1. Clients submit right after
+their last token, so they arrive early in round t, which explains the narrow band. Not measured yet: the A/B of
+this module (``benchmarks/device/host_copy_check.sh``); no device time was left in the session that wrote it.
 
 What. The values go through pinned memory and a non-blocking copy on the current stream: the copy is ordered
 after the queued kernels, as before, but the host goes on. The pinned buffer comes from torch's caching host
