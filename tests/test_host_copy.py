@@ -33,9 +33,9 @@ def test_steps_and_overtaking_admissions_do_not_sync_the_host_gpu(kind):
     first = [eng.new_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in work]
     later = [eng.new_request(p, SamplingParams(max_new_tokens=30)) for p in prompts([30, 50, 12, 60], V, seed=8)]
     batch.admit(first)  # a prefill with no rounds in flight reads its first tokens back: not checked
-    steps, synced_admissions, t = 0, [], 0
+    steps, synced_admissions = 0, []
     while batch.busy:
-        if t >= 60 and later:
+        if steps >= 60 and later:
             req = later.pop(0)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -51,6 +51,6 @@ def test_steps_and_overtaking_admissions_do_not_sync_the_host_gpu(kind):
             batch.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        steps, t = steps + 1, t + 1
+        steps += 1
     assert steps > 60 and batch.overtaken >= 2
     assert synced_admissions == []
